@@ -1,0 +1,1 @@
+"""Bundled MindSpore models whose parameter names are the keymaps' targets."""

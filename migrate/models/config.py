@@ -1,0 +1,90 @@
+"""MindSpore-side model config, read from and written to `model.yaml`.
+
+Field names follow MindFormers' LlamaConfig where one exists (num_layers,
+num_heads, n_kv_heads, theta, qkv_has_bias, seq_length), so the file reads
+naturally to MindFormers users.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from migrate.errors import MigrateError
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    n_kv_heads: int | None = None          # None: same as num_heads (MHA)
+    head_dim: int | None = None            # None: hidden_size // num_heads
+    seq_length: int = 2048                 # max positions (HF max_position_embeddings)
+    rms_norm_eps: float = 1e-6
+    theta: float = 10000.0                 # RoPE base
+    rope_scaling: dict[str, Any] | None = None  # HF rope_parameters minus rope_theta
+    tie_word_embeddings: bool = False
+    qkv_has_bias: bool = False
+    out_proj_has_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    attention_dropout: float = 0.0
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    ignore_token_id: int = -100
+    compute_dtype: str = "float32"         # float32 | float16 | bfloat16
+    extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.num_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_heads
+        if self.num_heads % self.n_kv_heads:
+            raise MigrateError(
+                f"num_heads ({self.num_heads}) is not a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope_scaling or {}
+        return scaling.get("rope_type", scaling.get("type", "default"))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        extra = data.pop("extra")
+        data.update(extra)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LlamaConfig":
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        extra = {k: v for k, v in data.items() if k not in known}
+        try:
+            return cls(**kwargs, extra=extra)
+        except TypeError as exc:  # a required field is absent
+            raise MigrateError(f"model config is incomplete: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LlamaConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "model.yaml"
+        if not path.is_file():
+            raise MigrateError(f"no model config at {path}")
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise MigrateError(f"{path} is not a mapping of config fields")
+        return cls.from_dict(data)
