@@ -1,0 +1,1 @@
+"""Checkpoint readers and writers (Hugging Face in, MindSpore out)."""

@@ -1,0 +1,101 @@
+"""Dtype names and conversions shared by readers and writers.
+
+bf16 stays raw 16-bit data end to end: torch bf16 is viewed as int16 and
+reinterpreted as MindSpore's numpy bfloat16, never routed through fp32.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore.common.np_dtype import bfloat16
+
+from migrate.errors import MigrateError
+
+# safetensors dtype string <-> numpy dtype
+SAFETENSORS_TO_NUMPY = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+NUMPY_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_TO_NUMPY.items()}
+
+# CLI spelling -> numpy dtype
+CLI_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(bfloat16)}
+# numpy dtype -> model.yaml compute_dtype
+COMPUTE_DTYPE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(bfloat16): "bfloat16"}
+
+
+def torch_dtype_name(dtype) -> str:
+    import torch
+
+    names = {
+        torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+        torch.uint8: "U8", torch.bool: "BOOL",
+    }
+    if dtype not in names:
+        raise MigrateError(f"unsupported tensor dtype {dtype}")
+    return names[dtype]
+
+
+def torch_to_numpy(tensor) -> np.ndarray:
+    import torch
+
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(bfloat16)
+    return tensor.numpy()
+
+
+def numpy_to_torch(array: np.ndarray):
+    import torch
+
+    array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+    if array.dtype == np.dtype(bfloat16):
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return dtype in COMPUTE_DTYPE or dtype == np.dtype(np.float64)
+
+
+def cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cast floating tensors; leave integer tensors alone. Identity casts copy nothing."""
+    if array.dtype == dtype or not is_float(array.dtype):
+        return array
+    if dtype == np.dtype(bfloat16) or array.dtype == np.dtype(bfloat16):
+        # Round to nearest even through torch, which implements bf16 rounding exactly like HF.
+        import torch
+
+        target = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+                  np.dtype(bfloat16): torch.bfloat16}[dtype]
+        return torch_to_numpy(numpy_to_torch(array).to(target))
+    return array.astype(dtype)
+
+# MindSpore `.ckpt` tensor_type string -> numpy dtype
+MS_TYPE_TO_NUMPY = {
+    "Float64": np.dtype(np.float64),
+    "Float32": np.dtype(np.float32),
+    "Float16": np.dtype(np.float16),
+    "BFloat16": np.dtype(bfloat16),
+    "Int64": np.dtype(np.int64),
+    "Int32": np.dtype(np.int32),
+    "Int16": np.dtype(np.int16),
+    "Int8": np.dtype(np.int8),
+    "UInt8": np.dtype(np.uint8),
+    "Bool": np.dtype(np.bool_),
+}
+
+
+def short_name(dtype: np.dtype) -> str:
+    """Human dtype name: fp32, bf16, int64..."""
+    names = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(bfloat16): "bf16",
+             np.dtype(np.float64): "fp64"}
+    return names.get(np.dtype(dtype), np.dtype(dtype).name)

@@ -1,0 +1,50 @@
+"""Read a Hugging Face `config.json` the way transformers itself does.
+
+Going through `AutoConfig` normalises old spellings (`rope_theta` +
+`rope_scaling` become `rope_parameters`), so one keymap serves configs written
+by any transformers version.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from migrate.errors import MigrateError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
+
+
+def read_raw_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise MigrateError(f"no config.json in {folder}")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise MigrateError(f"config.json in {folder} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise MigrateError(f"config.json in {folder} is not a JSON object")
+    return data
+
+
+def load_hf_config(folder: Path) -> dict:
+    """The normalised config as a plain dict (transformers' `to_dict`)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # transformers raises ValueError/OSError/KeyError for bad configs
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MigrateError(f"transformers cannot read config.json in {folder}: {first}") from None
+    return config.to_dict()
+
+
+def write_hf_config(folder: Path, fields: dict) -> None:
+    """Write config.json through transformers so HF loads exactly what we meant."""
+    from transformers import AutoConfig
+
+    fields = dict(fields)
+    model_type = fields.pop("model_type")
+    config = AutoConfig.for_model(model_type, **fields)
+    config.save_pretrained(str(folder))

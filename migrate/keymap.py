@@ -1,0 +1,185 @@
+"""Declarative keymaps: load `keymaps/*.yaml`, expand `{layer}` templates, map
+config fields both ways, and pair source/target parameter names.
+
+A keymap is data; this module holds no parameter name of any model.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from migrate.errors import MigrateError
+
+KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS", Path(__file__).resolve().parent.parent / "keymaps"))
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    src: str                 # HF name template
+    dst: str                 # MindSpore name template
+    when: str | None = None  # MindSpore config flag that must be true
+    tied_to: str | None = None  # HF name this weight equals when embeddings are tied
+
+
+@dataclass(frozen=True)
+class Pair:
+    src: str
+    dst: str
+    tied_to: str | None = None  # set when the pair is dropped because it is tied
+
+
+@dataclass
+class Keymap:
+    name: str
+    version: int
+    path: Path
+    model_types: list[str]
+    architectures: list[str]
+    target: str
+    layer_count: str
+    config: list[tuple[str, list[str]]]
+    passthrough: dict[str, Any]
+    rules: list[ParamRule]
+    ignore: list[str]
+
+    # ---------- loading ----------
+    @classmethod
+    def load(cls, name_or_path: str) -> "Keymap":
+        path = Path(name_or_path)
+        if path.suffix not in (".yaml", ".yml"):
+            path = KEYMAP_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise MigrateError(f"unknown keymap {name_or_path!r}; known: {', '.join(available())}")
+        try:
+            data = yaml.safe_load(path.read_text())
+            return cls._from_data(data, path)
+        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MigrateError(f"invalid keymap {path}: {exc}") from None
+
+    @classmethod
+    def _from_data(cls, data: dict, path: Path) -> "Keymap":
+        rules = []
+        for src, spec in data["params"].items():
+            if isinstance(spec, str):
+                rules.append(ParamRule(src, spec))
+            else:
+                rules.append(ParamRule(src, spec["to"], spec.get("when"), spec.get("tied_to")))
+        config = []
+        for hf_field, ms_fields in data["config"].items():
+            config.append((hf_field, [ms_fields] if isinstance(ms_fields, str) else list(ms_fields)))
+        return cls(
+            name=data["family"],
+            version=int(data.get("version", 1)),
+            path=path,
+            model_types=list(data.get("model_type", [])),
+            architectures=list(data.get("architectures", [])),
+            target=data["target"],
+            layer_count=data.get("layer_count", "num_layers"),
+            config=config,
+            passthrough=dict(data.get("config_passthrough", {})),
+            rules=rules,
+            ignore=list(data.get("ignore", [])),
+        )
+
+    # ---------- config ----------
+    def check_source(self, hf_config: dict) -> None:
+        model_type = hf_config.get("model_type")
+        if self.model_types and model_type not in self.model_types:
+            arch = ", ".join(hf_config.get("architectures") or []) or model_type
+            raise MigrateError(
+                f"keymap {self.name} does not know architecture {arch!r} (model_type {model_type!r}); "
+                f"it converts: {', '.join(self.architectures)}"
+            )
+
+    def hf_to_ms_config(self, hf_config: dict) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for hf_field, ms_fields in self.config:
+            found, value = _get_path(hf_config, hf_field)
+            if not found:
+                continue
+            if isinstance(value, dict):
+                # A dict field keeps what more specific rows did not already take.
+                taken = {f.split(".", 1)[1] for f, _ in self.config if f.startswith(hf_field + ".")}
+                value = {k: v for k, v in value.items() if k not in taken} or None
+            for ms_field in ms_fields:
+                out[ms_field] = value
+        return out
+
+    def ms_to_hf_config(self, ms_config: dict) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.passthrough)
+        # Whole-dict rows first, so dotted rows can fill into them.
+        for hf_field, ms_fields in sorted(self.config, key=lambda row: row[0].count(".")):
+            values = [ms_config[f] for f in ms_fields if f in ms_config]
+            if not values:
+                continue
+            if any(v != values[0] for v in values[1:]):
+                raise MigrateError(
+                    f"cannot export {hf_field}: MindSpore fields {', '.join(ms_fields)} disagree ({values})"
+                )
+            value = values[0]
+            if value is None and "." not in hf_field:
+                out.setdefault(hf_field, None)
+                continue
+            _set_path(out, hf_field, dict(value) if isinstance(value, dict) else value)
+        return out
+
+    # ---------- parameters ----------
+    def pairs(self, ms_config: dict) -> tuple[list[Pair], list[Pair]]:
+        """(active pairs, tied pairs) for one model config, templates expanded."""
+        layers = ms_config.get(self.layer_count)
+        if not isinstance(layers, int) or layers < 0:
+            raise MigrateError(f"model config has no valid {self.layer_count}: {layers!r}")
+        tied = bool(ms_config.get("tie_word_embeddings"))
+        active, dropped = [], []
+        for rule in self.rules:
+            if rule.when and not ms_config.get(rule.when):
+                continue
+            expanded = (
+                [(rule.src.replace("{layer}", str(i)), rule.dst.replace("{layer}", str(i))) for i in range(layers)]
+                if "{layer}" in rule.src
+                else [(rule.src, rule.dst)]
+            )
+            for src, dst in expanded:
+                if rule.tied_to and tied:
+                    dropped.append(Pair(src, dst, rule.tied_to))
+                else:
+                    active.append(Pair(src, dst))
+        return active, dropped
+
+
+    def ignored(self, ms_config: dict) -> set[str]:
+        layers = int(ms_config.get(self.layer_count) or 0)
+        return {name for template in self.ignore for name in _expand(template, layers)}
+
+
+def _expand(template: str, layers: int) -> list[str]:
+    if "{layer}" not in template:
+        return [template]
+    return [template.replace("{layer}", str(i)) for i in range(layers)]
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in KEYMAP_DIR.glob("*.yaml"))
+
+
+def _get_path(data: dict, dotted: str):
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value

@@ -1,0 +1,21 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("GLOG_v", "3")  # MindSpore: errors only
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _pynative_by_default():
+    """Tests that switch to GRAPH_MODE must not leak it into the next test."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)
