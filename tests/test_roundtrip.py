@@ -10,7 +10,7 @@ from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.cli import main
 from migrate.hf_config import load_hf_config
 
-VOLATILE = {"transformers_version", "dtype", "torch_dtype"}
+VOLATILE = {"transformers_version", "_name_or_path"}  # dtype must survive too
 
 
 def hf_tensors(folder):
