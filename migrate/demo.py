@@ -7,12 +7,17 @@ the round trip is bit-identical. Prints one table; exits 1 if any row fails.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("GLOG_v", "3")
 
 DEMO_DIR = Path("demo_out")
 TOLERANCE = 1e-5
@@ -34,7 +39,7 @@ def build_hf(name: str, folder: Path, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**BASE, **MODELS[name])).eval()
+    model = LlamaForCausalLM(LlamaConfig(**{**BASE, **MODELS[name]})).eval()
     model.save_pretrained(folder, max_shard_size="500KB")  # sharded, like hub checkpoints
     return model
 

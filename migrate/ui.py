@@ -10,7 +10,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 @lru_cache(maxsize=1)
 def console() -> Console:
-    return Console()
+    # Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=140)
 
 
 @contextmanager
