@@ -57,6 +57,36 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_diff(args) -> int:
+    from migrate.align.faults import FAULTS
+    from migrate.ui import console
+
+    if args.list_faults:
+        for fault in FAULTS.values():
+            needs = f" (needs: {', '.join(fault.needs)})" if fault.needs else ""
+            console().print(f"[bold]{fault.name}[/] — {fault.description}; shows at: {fault.block}{needs}")
+        return 0
+    if not (args.hf_dir and args.ms_dir):
+        raise MigrateError("diff needs HF_DIR and MS_DIR")
+    from migrate.align.metrics import Thresholds
+    from migrate.align.report import print_table, write_report
+    from migrate.align.runner import compare
+
+    thresholds = Thresholds.for_dtype(args.dtype).with_overrides(
+        None, max_abs=args.max_abs, cosine=args.cosine, top1=args.top1, kl=args.kl
+    ).with_cli_overrides(args.threshold or [])
+    report = compare(
+        args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
+        text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
+        inject=args.inject, thresholds=thresholds, keymap=args.keymap or args.src, mode=args.mode, lr=args.lr,
+    )
+    print_table(report, console())
+    if args.report:
+        paths = write_report(report, args.report)
+        console().print(f"report: {', '.join(str(p) for p in paths.values())}")
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="migrate", description="PyTorch/HF to MindSpore migration for LLMs")
     parser.add_argument("--version", action="version", version=f"migrate {__version__}")
@@ -79,6 +109,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("diff", help="run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
+    p.add_argument("hf_dir", nargs="?")
+    p.add_argument("ms_dir", nargs="?")
+    p.add_argument("--src", default="hf_llama", help="family whose keymap pairs the names")
+    p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="both sides run in it")
+    p.add_argument("--text", help="tokenize this text with the HF folder's tokenizer instead of random ids")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--padded", action="store_true", help="left-pad rows so the padding mask is exercised")
+    p.add_argument("--detail", action="store_true", help="also compare after attention and after MLP")
+    p.add_argument("--grads", action="store_true", help="compare gradients and params after one AdamW step")
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW lr for the --grads step")
+    p.add_argument("--generate", type=int, default=0, metavar="N", help="greedy-generate N tokens on both")
+    p.add_argument("--inject", metavar="FAULT[@LAYER]", help="inject a known fault into the MindSpore side")
+    p.add_argument("--list-faults", action="store_true", help="list the faults --inject knows")
+    p.add_argument("--mode", choices=["pynative", "graph"], default="pynative", help="MindSpore execution mode")
+    p.add_argument("--report", metavar="DIR", help="write report.json, report.md, report.html and the plot")
+    p.add_argument("--max-abs", type=float, help="override the max-abs bound for every kind")
+    p.add_argument("--cosine", type=float, help="override the cosine bound")
+    p.add_argument("--top1", type=float, help="override the top-1 agreement bound (logits)")
+    p.add_argument("--kl", type=float, help="override the KL bound (logits)")
+    p.add_argument("--threshold", action="append", metavar="KIND.NAME=VALUE",
+                   help="fine-grained override, e.g. grad.cosine=0.9999 (repeatable)")
+    p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser("inspect", help="list the tensors of a checkpoint without loading them")
     p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")

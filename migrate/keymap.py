@@ -45,6 +45,7 @@ class Keymap:
     passthrough: dict[str, Any]
     rules: list[ParamRule]
     ignore: list[str]
+    align: dict[str, str]
 
     # ---------- loading ----------
     @classmethod
@@ -83,6 +84,7 @@ class Keymap:
             passthrough=dict(data.get("config_passthrough", {})),
             rules=rules,
             ignore=list(data.get("ignore", [])),
+            align=dict(data.get("align", {})),
         )
 
     # ---------- config ----------

@@ -1,0 +1,183 @@
+"""Known conversion and porting faults, injected into the MindSpore side.
+
+`migrate diff --inject NAME[@LAYER]` shows what each fault looks like in a
+report; the tests use the same registry to prove every fault is caught and
+located. Each fault mutates a loaded `MSSide` in place (PyNative: patched
+methods are plain Python). Sources: ../shared/PITFALLS.md.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import mindspore as ms
+import numpy as np
+from mindspore import mint
+
+from migrate.errors import MigrateError
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    block: str                 # where the first divergence must be found
+    per_layer: bool            # True: hits the chosen layer; False: shows from layer 0 (or has no layer)
+    needs: tuple[str, ...]     # conditions on the run: padded, low_precision, tied
+    apply: Callable
+
+
+def _layers(side):
+    return side.model.model.layers
+
+
+def _swap(a, b, rows: int | None = None):
+    x, y = a.asnumpy().copy(), b.asnumpy().copy()
+    rows = rows or min(len(x), len(y))
+    x[:rows], y[:rows] = y[:rows].copy(), x[:rows].copy()
+    a.set_data(ms.Tensor(x, a.dtype))
+    b.set_data(ms.Tensor(y, b.dtype))
+
+
+def _qk_swap(side, layer):
+    attn = _layers(side)[layer].attention
+    # With GQA, k has fewer rows than q: swap the rows they share.
+    _swap(attn.wq.weight, attn.wk.weight)
+
+
+def _gate_up_swap(side, layer):
+    ff = _layers(side)[layer].feed_forward
+    _swap(ff.w1.weight, ff.w3.weight)
+
+
+def _rope_interleaved(side, layer):
+    """Rotate adjacent pairs (Meta's .pth convention) on weights laid out for HF's halves."""
+    d = side.config.head_dim
+    # Index gathers only: stack/strided slicing lack CPU kernels in PyNative.
+    freq_index = ms.Tensor(np.repeat(np.arange(d // 2), 2).astype(np.int32))     # 0,0,1,1,...
+    partner = ms.Tensor((np.arange(d) ^ 1).astype(np.int32))                      # 1,0,3,2,...
+    sign = ms.Tensor(np.tile(np.array([-1.0, 1.0], np.float32), d // 2))         # -x_odd, +x_even
+
+    def rope(self, x, cos, sin):
+        c = ms.ops.gather(cos, freq_index, cos.ndim - 1)
+        s = ms.ops.gather(sin, freq_index, sin.ndim - 1)
+        rotated = ms.ops.gather(x, partner, x.ndim - 1) * sign.astype(x.dtype)
+        return self._r(self._r(x * c) + self._r(rotated * s))
+
+    for cell in _layers(side):
+        cell.attention._rope = types.MethodType(rope, cell.attention)
+
+
+def _gqa_tile(side, layer):
+    """k/v heads repeated as [0,1,0,1] instead of HF's [0,0,1,1]."""
+    def repeat(self, x):
+        if self.n_rep == 1:
+            return x
+        return mint.cat([x] * self.n_rep, 1)
+
+    for cell in _layers(side):
+        cell.attention._repeat_kv = types.MethodType(repeat, cell.attention)
+
+
+def _rms_eps(side, layer):
+    """rms_norm_eps ten times too large (the 1e-5 vs 1e-6 mix-up)."""
+    for cell in side.model.cells_and_names():
+        if hasattr(cell[1], "eps") and type(cell[1]).__name__ == "RMSNorm":
+            cell[1].eps = cell[1].eps * 10
+
+
+def _rmsnorm_no_upcast(side, layer):
+    """RMSNorm computed in the low-precision dtype, without HF's fp32 upcast."""
+    def construct(self, x):
+        h = self._r(x * x)
+        variance = self._r(mint.mean(h, -1, keepdim=True))
+        h = self._r(x * self._r(mint.rsqrt(self._r(variance + self.eps))))
+        return self._r(self._p(self.weight) * h)
+
+    for _, cell in side.model.cells_and_names():
+        if type(cell).__name__ == "RMSNorm":
+            cell.construct = types.MethodType(construct, cell)
+
+
+def _mask_fill(side, layer):
+    """Padding filled with a small finite value instead of the dtype minimum."""
+    side.model.model.min_value = -5.0
+
+
+def _untied_head(side, layer):
+    """lm_head not tied to the embedding: a freshly initialised head."""
+    from migrate.models.registry import build_model
+
+    config = side.config
+    config.tie_word_embeddings = False
+    model = build_model(config)
+    loaded = {p.name: p for p in side.model.get_parameters()}
+    for p in model.get_parameters():
+        if p.name in loaded:
+            p.set_data(loaded[p.name].value())
+    model.set_train(False)
+    side.model = model
+
+
+def _loss_no_shift(side, layer):
+    """Cross-entropy on unshifted labels: position t predicts token t."""
+    def loss(self, logits, labels):
+        flat = logits.astype(ms.float32).reshape(-1, self.vocab_size)
+        return ms.ops.cross_entropy(flat, labels.reshape(-1), ignore_index=self.ignore_index, reduction="mean")
+
+    side.model._loss = types.MethodType(loss, side.model)
+
+
+def _rope_theta(side, layer):
+    """RoPE base left at 10000 when the model says otherwise (or 10x off when it is 10000)."""
+    from migrate.models.rope import rope_inv_freq
+
+    c = side.config
+    theta = 10000.0 if c.theta != 10000.0 else 100000.0
+    inv_freq, _ = rope_inv_freq(c.head_dim, theta, c.rope_scaling, c.seq_length)
+    side.model.model.inv_freq = ms.Tensor(np.asarray(inv_freq, np.float32))
+
+
+FAULTS = {f.name: f for f in (
+    Fault("qk_swap", "q and k projection weights swapped in one layer", "attention", True, (), _qk_swap),
+    Fault("rope_interleaved", "rotary applied to interleaved pairs instead of halves", "attention", False, (),
+          _rope_interleaved),
+    Fault("rms_eps", "RMSNorm eps 10x the config's", "attention", False, (), _rms_eps),
+    Fault("untied_head", "lm_head untied from a tied embedding (random head)", "logits", False, ("tied",),
+          _untied_head),
+    Fault("gqa_repeat", "k/v heads repeated in the wrong order for GQA", "attention", False, ("gqa",), _gqa_tile),
+    Fault("gate_up_swap", "MLP gate and up projections swapped in one layer", "mlp", True, (), _gate_up_swap),
+    Fault("mask_fill", "attention padding filled with -5 instead of the dtype minimum", "attention", False,
+          ("padded",), _mask_fill),
+    Fault("rmsnorm_no_upcast", "low-precision RMSNorm without the fp32 upcast", "attention", False,
+          ("low_precision",), _rmsnorm_no_upcast),
+    Fault("loss_no_shift", "loss computed without HF's label shift", "loss", False, (), _loss_no_shift),
+    Fault("rope_theta", "RoPE base (rope_theta) not taken from the config", "attention", False, (), _rope_theta),
+)}
+
+
+def parse_fault(spec: str) -> tuple[Fault, int | None]:
+    name, _, layer = spec.partition("@")
+    if name not in FAULTS:
+        raise MigrateError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    if layer and not layer.isdigit():
+        raise MigrateError(f"fault layer must be a number: {spec!r}")
+    return FAULTS[name], int(layer) if layer else None
+
+
+def check_fault(fault: Fault, config, dtype: str, padded: bool, layer: int | None) -> int:
+    """Validate the run suits the fault; returns the layer it targets."""
+    if "tied" in fault.needs and not config.tie_word_embeddings:
+        raise MigrateError(f"fault {fault.name} needs a model with tie_word_embeddings")
+    if "gqa" in fault.needs and config.n_kv_heads == config.num_heads:
+        raise MigrateError(f"fault {fault.name} needs a GQA model (n_kv_heads < num_heads)")
+    if "padded" in fault.needs and not padded:
+        raise MigrateError(f"fault {fault.name} shows only on a padded batch: add --padded")
+    if "low_precision" in fault.needs and dtype == "fp32":
+        raise MigrateError(f"fault {fault.name} shows only in low precision: add --dtype bf16")
+    if layer is None:
+        layer = config.num_layers // 2 if fault.per_layer else 0
+    if not 0 <= layer < config.num_layers:
+        raise MigrateError(f"fault layer {layer} out of range (model has {config.num_layers} layers)")
+    return layer

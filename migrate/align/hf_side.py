@@ -1,0 +1,104 @@
+"""The reference side of `migrate diff`: HF's own PyTorch model.
+
+Intermediate outputs are read with forward hooks on the modules the keymap's
+`align` table names, so nothing about HF's module tree is written here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from migrate.checkpoints.dtypes import torch_to_numpy
+from migrate.errors import MigrateError
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    return torch_to_numpy(t.detach().float())
+
+
+class HFSide:
+    def __init__(self, hf_dir: Path, dtype: str, align: dict[str, str], num_layers: int, seed: int):
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the report is the output; no loading bars
+        torch.manual_seed(seed)
+        try:
+            # Eager attention: softmax in fp32 and an explicit additive mask, the
+            # formulation the bundled model reproduces.
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(hf_dir), dtype=TORCH_DTYPES[dtype], attn_implementation="eager", local_files_only=True
+            )
+        except Exception as exc:
+            raise MigrateError(f"transformers cannot load {hf_dir}: {str(exc).strip().splitlines()[0]}") from None
+        self.model.eval()  # dropout off
+        self.points = _hook_points(align, num_layers)
+        modules = dict(self.model.named_modules())
+        missing = [path for _, _, path in self.points if path not in modules]
+        if missing:
+            raise MigrateError(f"HF model has no module {missing[0]} (keymap align table)")
+        self._captured: dict[str, torch.Tensor] = {}
+        for _, _, path in self.points:
+            modules[path].register_forward_hook(self._hook(path))
+
+    def _hook(self, path: str):
+        def capture(_module, _args, output):
+            self._captured[path] = output[0] if isinstance(output, tuple) else output
+        return capture
+
+    def _run(self, inputs, labels: bool):
+        ids = torch.from_numpy(inputs.ids)
+        mask = None if inputs.mask is None else torch.from_numpy(inputs.mask)
+        return self.model(input_ids=ids, attention_mask=mask,
+                          labels=torch.from_numpy(inputs.labels) if labels else None)
+
+    def forward(self, inputs, detail: bool):
+        self._captured.clear()
+        with torch.no_grad():
+            out = self._run(inputs, labels=True)
+        hidden = [(block, layer, _as_numpy(self._captured[path])) for block, layer, path in self.points
+                  if detail or block not in ("attention", "mlp")]
+        return hidden, _as_numpy(out.logits), float(out.loss)
+
+    def gradients(self, inputs) -> tuple[float, dict[str, np.ndarray]]:
+        self.model.zero_grad(set_to_none=True)
+        out = self._run(inputs, labels=True)
+        out.loss.backward()
+        return float(out.loss.detach()), {n: _as_numpy(p.grad) for n, p in self.model.named_parameters()
+                                 if p.grad is not None}
+
+    def parameter_names(self) -> list[str]:
+        return [n for n, _ in self.model.named_parameters()]
+
+    def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
+        """One torch AdamW step on the gradients of the last `gradients` call."""
+        opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        opt.step()
+        return {n: _as_numpy(p) for n, p in self.model.named_parameters()}
+
+    def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
+        """Greedy decoding without a cache: the full sequence each step, like the other side."""
+        ids = torch.from_numpy(prompt[None, :].copy())
+        out = []
+        with torch.no_grad():
+            for _ in range(steps):
+                token = int(self.model(input_ids=ids).logits[0, -1].float().argmax())
+                out.append(token)
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+        return out
+
+
+def _hook_points(align: dict[str, str], num_layers: int) -> list[tuple[str, int | None, str]]:
+    """(block, layer, HF module path) in forward order."""
+    if not align:
+        raise MigrateError("keymap has no align table: migrate diff cannot pair hidden states")
+    points = [("embedding", None, align["embedding"])]
+    for i in range(num_layers):
+        for block in ("attention", "mlp", "layer output"):
+            points.append((block, i, align[block].replace("{layer}", str(i))))
+    points.append(("final norm", None, align["final norm"]))
+    return points

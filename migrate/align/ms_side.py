@@ -1,0 +1,77 @@
+"""The converted side of `migrate diff`: the bundled MindSpore model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+
+from migrate.models.loading import load_model
+
+COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _as_numpy(t) -> np.ndarray:
+    return t.astype(ms.float32).asnumpy()
+
+
+class MSSide:
+    def __init__(self, ms_dir: Path, dtype: str, seed: int):
+        ms.set_seed(seed)
+        self.model, self.config = load_model(ms_dir, compute_dtype=COMPUTE_DTYPES[dtype])
+        self.model.set_train(False)  # dropout off
+
+    def _tensors(self, inputs):
+        ids = ms.Tensor(inputs.ids.astype(np.int32))
+        mask = None if inputs.mask is None else ms.Tensor(inputs.mask.astype(np.int32))
+        labels = ms.Tensor(inputs.labels.astype(np.int32))
+        return ids, mask, labels
+
+    def forward(self, inputs, detail: bool):
+        ids, mask, labels = self._tensors(inputs)
+        logits, loss, hidden = self.model(ids, mask, labels, "detail" if detail else True)
+        blocks = self.hidden_blocks(detail)
+        return ([(b, layer, _as_numpy(h)) for (b, layer), h in zip(blocks, hidden)],
+                _as_numpy(logits), float(loss.asnumpy()))
+
+    def hidden_blocks(self, detail: bool) -> list[tuple[str, int | None]]:
+        """(block, layer) of each entry the model returns for output_hidden_states."""
+        blocks = [("embedding", None)]
+        per_layer = ("attention", "mlp", "layer output") if detail else ("layer output",)
+        for i in range(self.config.num_layers):
+            blocks += [(b, i) for b in per_layer]
+        return blocks + [("final norm", None)]
+
+    def gradients(self, inputs) -> tuple[float, dict[str, np.ndarray]]:
+        ids, mask, labels = self._tensors(inputs)
+        params = self.model.trainable_params()
+
+        def loss_fn(ids, mask, labels):
+            return self.model(ids, mask, labels)[1]
+
+        loss, grads = ms.value_and_grad(loss_fn, None, params)(ids, mask, labels)
+        self._grads = grads
+        return float(loss.asnumpy()), {p.name: _as_numpy(g) for p, g in zip(params, grads)}
+
+    def parameter_names(self) -> list[str]:
+        return [p.name for p in self.model.trainable_params()]
+
+    def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
+        # mindspore.experimental.optim.AdamW follows torch semantics (bias correction,
+        # decoupled decay) and runs on CPU, unlike mint.optim.AdamW.
+        from mindspore.experimental.optim import AdamW
+
+        params = self.model.trainable_params()
+        opt = AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        opt(self._grads)
+        return {p.name: _as_numpy(p) for p in params}
+
+    def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
+        ids = prompt[None, :].astype(np.int32)
+        out = []
+        for _ in range(steps):
+            logits, _, _ = self.model(ms.Tensor(ids))
+            token = int(_as_numpy(logits[0, -1]).argmax())
+            out.append(token)
+            ids = np.concatenate([ids, np.array([[token]], np.int32)], axis=1)
+        return out

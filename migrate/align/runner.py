@@ -1,0 +1,158 @@
+"""`migrate diff`: run the HF model and the converted MindSpore model on the same
+inputs and compare them tensor by tensor. `compare` returns the `Report`;
+the CLI only prints and writes it.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+
+from migrate.align.faults import check_fault, parse_fault
+from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
+from migrate.align.metrics import Thresholds
+from migrate.align.report import Report
+from migrate.errors import MigrateError
+from migrate.keymap import Keymap
+
+DTYPES = ("fp32", "bf16", "fp16")
+ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+def compare(
+    hf_dir: str | Path,
+    ms_dir: str | Path,
+    *,
+    dtype: str = "fp32",
+    batch: int = 2,
+    seq_len: int = 16,
+    seed: int = 0,
+    text: str | None = None,
+    padded: bool = False,
+    detail: bool = False,
+    grads: bool = False,
+    generate: int = 0,
+    inject: str | None = None,
+    thresholds: Thresholds | None = None,
+    keymap: str = "hf_llama",
+    mode: str = "pynative",
+    lr: float = 1e-4,
+) -> Report:
+    import mindspore as ms
+    import torch
+
+    from migrate.align.hf_side import HFSide
+    from migrate.align.ms_side import MSSide
+
+    hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
+    for folder, what in ((hf_dir, "HF model folder"), (ms_dir, "MindSpore model folder")):
+        if not folder.is_dir():
+            raise MigrateError(f"{what} not found: {folder}")
+    if dtype not in DTYPES:
+        raise MigrateError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if mode not in ("pynative", "graph"):
+        raise MigrateError(f"unknown mode {mode!r}; choose pynative or graph")
+    fault = parse_fault(inject) if inject else None
+    if fault and text is None:
+        detail = True  # a fault is located down to the sub-block
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    if fault:
+        ms.set_context(mode=ms.PYNATIVE_MODE)  # faults patch Python methods
+
+    km = Keymap.load(keymap)
+    ms_side = MSSide(ms_dir, dtype, seed)
+    config = ms_side.config
+    layer = None
+    if fault:
+        layer = check_fault(fault[0], config, dtype, padded, fault[1])
+        fault[0].apply(ms_side, layer)
+    hf_side = HFSide(hf_dir, dtype, km.align, config.num_layers, seed)
+
+    inputs = text_inputs(hf_dir, text) if text is not None else seeded_inputs(
+        config.vocab_size, batch, seq_len, seed, padded, pad_id=config.pad_token_id or 0)
+    if inputs.ids.max() >= config.vocab_size:
+        raise MigrateError("token ids exceed the model's vocabulary")
+
+    report = Report(
+        dtype=dtype, inputs=inputs.description, seed=seed, ref_dir=hf_dir, got_dir=ms_dir,
+        ref_label="HF PyTorch", got_label="MindSpore",
+        versions=_versions(), thresholds=thresholds or Thresholds.for_dtype(dtype),
+        extra={"mode": mode, "detail": detail, "keymap": km.name,
+               **({"inject": fault[0].name, "inject_layer": layer, "expected_block": fault[0].block}
+                  if fault else {})},
+    )
+    _forward(report, hf_side, ms_side, inputs, detail)
+    if grads:
+        _backward(report, hf_side, ms_side, inputs, km, config, lr)
+    if generate:
+        _generation(report, hf_side, ms_side, inputs, generate, hf_dir)
+    return report.finalize()
+
+
+def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
+    """Positions compared: padded query rows are dropped (their output is ill-defined)."""
+    return array if inputs.mask is None else array[inputs.valid]
+
+
+def _forward(report, hf_side, ms_side, inputs, detail) -> None:
+    hf_hidden, hf_logits, hf_loss = hf_side.forward(inputs, detail)
+    ms_hidden, ms_logits, ms_loss = ms_side.forward(inputs, detail)
+    names = {"embedding": "embedding output", "final norm": "final norm output"}
+    for (block, layer, ref), (block2, layer2, got) in zip(hf_hidden, ms_hidden):
+        assert (block, layer) == (block2, layer2), "hook points and model outputs disagree"
+        name = names.get(block) or f"layer {layer} {block}"
+        report.add(name, _valid(ref, inputs), _valid(got, inputs), kind="hidden", layer=layer,
+                   block="layer output" if block == "layer output" else block)
+    report.add("logits", _valid(hf_logits, inputs), _valid(ms_logits, inputs), kind="logits")
+    report.add("loss", np.array(hf_loss), np.array(ms_loss), kind="loss")
+
+
+def _backward(report, hf_side, ms_side, inputs, km, config, lr) -> None:
+    _, hf_grads = hf_side.gradients(inputs)
+    _, ms_grads = ms_side.gradients(inputs)
+    pairs, _ = km.pairs(config.to_dict())
+    to_hf = {p.dst: p.src for p in pairs}
+    ms_order = ms_side.parameter_names()
+    unpaired_ms = [n for n in ms_order if n not in to_hf or to_hf[n] not in hf_grads]
+    unpaired_hf = sorted(set(hf_grads) - {to_hf[n] for n in ms_order if n in to_hf})
+    if unpaired_ms or unpaired_hf:
+        raise MigrateError(
+            "gradients do not pair up by name: "
+            + "; ".join(filter(None, [
+                unpaired_ms and f"MindSpore only: {', '.join(unpaired_ms)}",
+                unpaired_hf and f"HF only: {', '.join(unpaired_hf)}",
+            ]))
+        )
+    backward = list(reversed(ms_order))  # lm_head first: the order backprop visits them
+    for name in backward:
+        report.add(name, hf_grads[to_hf[name]], ms_grads[name], kind="grad")
+    hf_after = hf_side.adamw_step(lr=lr, **ADAMW)
+    ms_after = ms_side.adamw_step(lr=lr, **ADAMW)
+    for name in backward:
+        report.add(name, hf_after[to_hf[name]], ms_after[name], kind="param_after_step")
+    report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
+
+
+def _generation(report, hf_side, ms_side, inputs, steps, hf_dir) -> None:
+    prompt = inputs.ids[0][inputs.valid[0]]
+    ref = hf_side.generate(prompt, steps)
+    got = ms_side.generate(prompt, steps)
+    texts = decode(hf_dir, [ref, got]) if inputs.prompt is not None else None
+    report.set_generation(ref, got, ref_text=texts and texts[0], got_text=texts and texts[1],
+                          prompt=inputs.prompt)
+
+
+def _versions() -> dict:
+    import mindspore
+    import torch
+    import transformers
+
+    from migrate import __version__
+
+    return {"migrate": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "mindspore": mindspore.__version__}
