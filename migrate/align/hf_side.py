@@ -75,10 +75,17 @@ class HFSide:
         return [n for n, _ in self.model.named_parameters()]
 
     def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
-        """One torch AdamW step on the gradients of the last `gradients` call."""
-        opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        """One torch AdamW step on fp32 master copies, fed the last `gradients` call's
+        gradients: mixed precision's recipe, so low-precision runs compare the same thing."""
+        names, masters = [], []
+        for name, p in self.model.named_parameters():
+            master = p.detach().float().clone().requires_grad_(True)
+            master.grad = p.grad.detach().float()
+            names.append(name)
+            masters.append(master)
+        opt = torch.optim.AdamW(masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         opt.step()
-        return {n: _as_numpy(p) for n, p in self.model.named_parameters()}
+        return {n: _as_numpy(m) for n, m in zip(names, masters)}
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
         """Greedy decoding without a cache: the full sequence each step, like the other side."""

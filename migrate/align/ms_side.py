@@ -57,14 +57,18 @@ class MSSide:
         return [p.name for p in self.model.trainable_params()]
 
     def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
+        """One AdamW step on fp32 master copies (see HFSide.adamw_step)."""
         # mindspore.experimental.optim.AdamW follows torch semantics (bias correction,
         # decoupled decay) and runs on CPU, unlike mint.optim.AdamW.
         from mindspore.experimental.optim import AdamW
 
         params = self.model.trainable_params()
-        opt = AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        opt(self._grads)
-        return {p.name: _as_numpy(p) for p in params}
+        # Through numpy: CPU has no bf16 Identity kernel to copy a bf16 parameter.
+        masters = [ms.Parameter(ms.Tensor(p.asnumpy().astype(np.float32)), name=p.name) for p in params]
+        grads = tuple(g.astype(ms.float32) for g in self._grads)
+        opt = AdamW(masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        opt(grads)
+        return {m.name: _as_numpy(m) for m in masters}
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
         ids = prompt[None, :].astype(np.int32)

@@ -1,0 +1,299 @@
+"""Golden PyTorch continued pretraining: the reference the MindSpore trainer must match.
+
+    python golden/train_torch.py --config run.yaml [--out DIR] [--seed N] [--data-seed N]
+
+Does what HF Trainer does for the same settings, spelled out so each choice is
+visible: the HF model in fp32 with eager attention; bf16/fp16 as autocast over
+fp32 weights (fp16 adds torch.amp.GradScaler, and a step it skips does not
+advance the schedule); torch AdamW over HF's two weight-decay groups;
+`transformers.get_scheduler`; each micro-batch loss divided by
+grad_accum_steps before backward; `clip_grad_norm_` then step.
+
+Writes to the output folder:
+  metrics.jsonl  one line per optimizer step: step (1-based), loss (mean of
+                 the step's micro-batch losses, unscaled), lr (the lr that
+                 step used), grad_norm (total norm before clipping; null when
+                 fp16 overflowed), tokens (target tokens so far), time
+                 (seconds since the loop started); fp16 adds loss_scale (the one
+                 this step used) and skipped
+  effective_hparams.json  read back from the live model/optimizer/scheduler
+  eval.jsonl, checkpoint-N/  when eval_interval / checkpoint_interval are set
+
+Importable: `build_model`, `build_optimizer`, `build_scheduler`,
+`effective_hparams` and `train(cfg, out)` serve tests and `migrate hparams`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `migrate` beside golden/
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from migrate.checkpoints.atomic import atomic_output_dir  # noqa: E402
+from migrate.data.samples import load_samples, read_meta, run_order  # noqa: E402
+from migrate.errors import MigrateError  # noqa: E402
+from migrate.train.config import RunConfig  # noqa: E402
+from migrate.train.decay import hf_decay_names  # noqa: E402
+
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: RunConfig):
+    """HF model in fp32, eager attention, every *dropout config field set to cfg.dropout."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = cfg.require("hf_model")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError for bad folders
+        raise MigrateError(f"transformers cannot read the HF model in {path}: "
+                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+    for key in config.to_dict():
+        if key.endswith("dropout"):
+            setattr(config, key, cfg.dropout)
+    config.use_cache = False  # training: no KV cache (HF Trainer turns it off with recompute too)
+    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
+                                                 attn_implementation="eager", local_files_only=True)
+    if cfg.recompute:
+        model.activation_checkpointing_enable()  # transformers 5's name for gradient checkpointing
+    return model.train()
+
+
+def build_optimizer(model, cfg: RunConfig) -> torch.optim.AdamW:
+    """torch AdamW with HF Trainer's groups: decayed, then not decayed (empty groups dropped)."""
+    decay = hf_decay_names(model, cfg.optimizer.no_decay)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [(n, p) for n, p in named if n in decay], "weight_decay": cfg.optimizer.weight_decay},
+        {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+    # Named params make the live optimizer carry its own `param_names` per group.
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.optimizer.lr,
+                             betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps)
+
+
+def build_scheduler(optimizer, cfg: RunConfig):
+    from transformers import get_scheduler
+
+    hf = cfg.hf_schedule()
+    return get_scheduler(hf.name, optimizer, num_warmup_steps=hf.num_warmup_steps,
+                         num_training_steps=hf.num_training_steps, scheduler_specific_kwargs=dict(hf.kwargs))
+
+
+def build_scaler(cfg: RunConfig):
+    if cfg.dtype != "fp16":
+        return None
+    ls = cfg.loss_scale
+    return torch.amp.GradScaler("cpu", init_scale=ls.init_scale, growth_factor=ls.growth_factor,
+                                backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval)
+
+
+def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) -> dict:
+    """What the live objects will actually do, for `migrate hparams` to compare."""
+    import transformers
+
+    groups = []
+    for g in optimizer.param_groups:
+        group = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
+                 if k not in ("params", "param_names")}
+        group["names"] = list(g["param_names"])
+        group["numel"] = sum(p.numel() for p in g["params"])
+        groups.append(group)
+    # LambdaLR's own lambda for every step, without stepping the live scheduler.
+    lam, base = scheduler.lr_lambdas[0], scheduler.base_lrs[0]
+    hf = cfg.hf_schedule()
+    out = {
+        "side": "golden",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "config": cfg.to_dict(),
+        "model": {
+            "class": type(model).__name__,
+            "attn_implementation": model.config._attn_implementation,
+            "weights_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "autocast": str(AUTOCAST[cfg.dtype]).replace("torch.", "") if AUTOCAST[cfg.dtype] else None,
+            "dropout": {k: v for k, v in model.config.to_dict().items() if k.endswith("dropout")},
+            "gradient_checkpointing": bool(model.is_activation_checkpointing),
+            "tie_word_embeddings": bool(getattr(model.config, "tie_word_embeddings", False)),
+        },
+        "optimizer": {"class": type(optimizer).__name__, "defaults_lr": optimizer.defaults["lr"], "groups": groups},
+        "scheduler": {"class": type(scheduler).__name__, "hf_name": hf.name, "num_warmup_steps": hf.num_warmup_steps,
+                      "num_training_steps": hf.num_training_steps, "kwargs": dict(hf.kwargs),
+                      "lr": [float(base * lam(s)) for s in range(cfg.total_steps)],
+                      "lr_index": "lr[i] is the lr of optimizer step i + 1"},
+        "clipping": {"fn": "torch.nn.utils.clip_grad_norm_", "max_grad_norm": cfg.max_grad_norm or None,
+                     "norm_type": 2.0, "grad_norm_logged": "total norm before clipping"},
+        "accumulation": {"grad_accum_steps": cfg.grad_accum_steps, "micro_batch_size": cfg.micro_batch_size,
+                         "loss": "each micro-batch mean loss / grad_accum_steps before backward",
+                         "tokens_per_step": cfg.samples_per_step * cfg.seq_length},
+        "loss": {"fn": "HF ForCausalLMLoss", "input": "row[:-1]", "target": "row[1:]", "reduction": "mean"},
+        "seed": cfg.seed,
+        "data": {"dir": str(cfg.data), "shuffle_seed": cfg.shuffle_seed,
+                 "order": "epoch e = numpy.random.default_rng([seed, e]).permutation(n)"},
+    }
+    if scaler is not None:
+        out["loss_scale"] = {"init_scale": scaler.get_scale(), "growth_factor": scaler.get_growth_factor(),
+                             "backoff_factor": scaler.get_backoff_factor(),
+                             "growth_interval": scaler.get_growth_interval(),
+                             "on_overflow": "skip optimizer and scheduler step, back off the scale"}
+    return out
+
+
+def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
+    """HF's causal-LM loss of row[:-1] predicting row[1:] (labels given pre-shifted)."""
+    logits = model(input_ids=rows[:, :-1]).logits
+    targets = rows[:, 1:].contiguous()
+    return model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
+
+
+def train(cfg: RunConfig, out: str | Path | None = None, log=print) -> Path:
+    """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json)."""
+    out = Path(out) if out is not None else cfg.out_dir.golden
+    out.mkdir(parents=True, exist_ok=True)
+    samples = load_samples(cfg.data, cfg.seq_length)
+    order = run_order(cfg, len(samples))
+    eval_rows = _eval_rows(cfg)
+    seed_everything(cfg.seed)
+    model = build_model(cfg)
+    _check_vocab(cfg, model)
+    optimizer, scaler = build_optimizer(model, cfg), build_scaler(cfg)
+    scheduler = build_scheduler(optimizer, cfg)
+    (out / "effective_hparams.json").write_text(
+        json.dumps(effective_hparams(cfg, model, optimizer, scheduler, scaler), indent=2) + "\n")
+    (out / "eval.jsonl").unlink(missing_ok=True)  # a rerun must not append to an old run's evals
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    autocast = AUTOCAST[cfg.dtype]
+    start, tokens = time.perf_counter(), 0
+    with open(out / "metrics.jsonl", "w") as metrics:
+        for step in range(cfg.total_steps):
+            lr = optimizer.param_groups[0]["lr"]  # what this step's optimizer.step() uses
+            losses = []
+            for micro in range(cfg.grad_accum_steps):
+                rows = torch.from_numpy(np.asarray(samples[order[step, micro]], dtype=np.int64))
+                with _autocast(autocast):
+                    loss = micro_loss(model, rows)
+                scaled = loss / cfg.grad_accum_steps
+                (scaler.scale(scaled) if scaler else scaled).backward()
+                losses.append(loss.item())
+                tokens += rows[:, 1:].numel()
+            if scaler:
+                scaler.unscale_(optimizer)  # clip and log the true gradient norm
+            if cfg.max_grad_norm:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
+            skipped = _optimizer_step(optimizer, scaler)
+            if not skipped:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            record = {"step": step + 1, "loss": _finite(sum(losses) / len(losses)), "lr": lr,
+                      "grad_norm": _finite(float(grad_norm)), "tokens": tokens,
+                      "time": round(time.perf_counter() - start, 4)}
+            if scaler:
+                record.update(loss_scale=scale, skipped=skipped)
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+            log(f"step {step + 1}/{cfg.total_steps} loss {record['loss']} lr {lr:.3e} grad_norm {record['grad_norm']}")
+            if eval_rows is not None and (step + 1) % cfg.eval_interval == 0:
+                _evaluate(model, eval_rows, cfg, out, step + 1)
+            if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
+                _save_checkpoint(model, optimizer, scheduler, scaler, cfg, out, step + 1)
+    return out
+
+
+def _check_vocab(cfg: RunConfig, model) -> None:
+    vocab = read_meta(cfg.data)["tokenizer"]["vocab_size"]
+    if vocab > model.config.vocab_size:
+        raise MigrateError(f"{cfg.data} was tokenized with a {vocab}-token vocabulary, "
+                           f"but {cfg.hf_model} has only {model.config.vocab_size} embeddings")
+
+
+def _optimizer_step(optimizer, scaler) -> bool:
+    """Step; True when the fp16 scaler skipped it for inf/nan gradients (as HF/accelerate detect it)."""
+    if scaler is None:
+        optimizer.step()
+        return False
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() < before
+
+
+def _autocast(dtype):
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def _finite(x: float):
+    return x if math.isfinite(x) else None  # JSON has no inf/nan
+
+
+def _eval_rows(cfg: RunConfig):
+    if not cfg.eval_interval:
+        return None
+    rows = load_samples(cfg.eval_data, cfg.seq_length)
+    return rows[: cfg.eval_samples] if cfg.eval_samples else rows
+
+
+@torch.no_grad()
+def _evaluate(model, rows, cfg: RunConfig, out: Path, step: int) -> None:
+    """Mean loss over the eval rows in file order, micro_batch_size at a time."""
+    model.eval()
+    total = 0.0
+    for start in range(0, len(rows), cfg.micro_batch_size):
+        batch = torch.from_numpy(np.asarray(rows[start:start + cfg.micro_batch_size], dtype=np.int64))
+        with _autocast(AUTOCAST[cfg.dtype]):
+            total += micro_loss(model, batch).item() * len(batch)
+    model.train()
+    with open(out / "eval.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": step, "eval_loss": _finite(total / len(rows)), "samples": len(rows)}) + "\n")
+
+
+def _save_checkpoint(model, optimizer, scheduler, scaler, cfg: RunConfig, out: Path, step: int) -> None:
+    with atomic_output_dir(out / f"checkpoint-{step}", overwrite=True) as tmp:
+        model.save_pretrained(str(tmp))
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict() if scaler else None}, tmp / "trainer_state.pt")
+    if cfg.keep_checkpoints:
+        done = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        for old in done[: -cfg.keep_checkpoints]:
+            shutil.rmtree(old)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="run.yaml")
+    parser.add_argument("--out", help="output folder (default: the config's out_dir.golden)")
+    parser.add_argument("--seed", type=int, help="override seed")
+    parser.add_argument("--data-seed", type=int, help="override data_seed")
+    args = parser.parse_args(argv)
+    try:
+        cfg = RunConfig.load(args.config)
+        overrides = {k: v for k, v in (("seed", args.seed), ("data_seed", args.data_seed)) if v is not None}
+        if overrides:
+            cfg = cfg.replace(**overrides)
+        out = train(cfg, args.out)
+    except MigrateError as exc:
+        print(f"train_torch: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
+    print(f"golden run written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

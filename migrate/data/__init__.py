@@ -1,0 +1,2 @@
+"""Training data: the demo corpus, tokenization into MindRecord + .npy twins,
+and the sample order both frameworks follow."""

@@ -1,0 +1,79 @@
+"""Which parameters get weight decay, decided once for both frameworks.
+
+HF Trainer (transformers 5, `Trainer.get_decay_parameter_names`) decays every
+parameter except those inside an `nn.LayerNorm` and those whose lower-cased
+name matches `bias`, `layernorm`, `rmsnorm`, `(^|.)norm(.|$)` or `_norm(.|$)`.
+`LlamaRMSNorm` is not an `nn.LayerNorm` (ALL_LAYERNORM_LAYERS is just
+[nn.LayerNorm]); Llama's norms are excluded by their names
+(`input_layernorm`, `post_attention_layernorm`, `model.norm`).
+
+The rules here are those HF patterns, grouped under names a run config can
+list. The golden side asks transformers' own `get_parameter_names`; the
+MindSpore side never looks at its own names: a MindSpore parameter decays iff
+its HF pair (through the keymap) does, so both sides agree by construction.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from migrate.errors import MigrateError
+
+# rule name -> HF Trainer's forbidden-name patterns (searched in the lower-cased name)
+NO_DECAY_RULES: dict[str, tuple[str, ...]] = {
+    "bias": (r"bias",),
+    "norm": (r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"),
+    "embedding": (r"embed",),  # not HF's default; some pretraining recipes also spare embeddings
+}
+HF_DEFAULT = ("bias", "norm")  # exactly Trainer.get_decay_parameter_names
+
+
+def _patterns(rules: Iterable[str]) -> list[str]:
+    unknown = [r for r in rules if r not in NO_DECAY_RULES]
+    if unknown:
+        raise MigrateError(f"unknown no_decay rule {unknown[0]!r}; known: {', '.join(NO_DECAY_RULES)}")
+    return [p for r in rules for p in NO_DECAY_RULES[r]]
+
+
+def hf_decay_names(model, no_decay_rules: Iterable[str] = HF_DEFAULT) -> set[str]:
+    """Trainable torch parameter names that decay, as `named_parameters` lists them (tied weights once)."""
+    from torch import nn
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    rules = list(no_decay_rules)
+    layer_types = [nn.LayerNorm] if "norm" in rules else []  # HF's forbidden layer type
+    allowed = set(get_parameter_names(model, layer_types, _patterns(rules)))
+    return {n for n, p in model.named_parameters() if p.requires_grad and n in allowed}
+
+
+def hf_name_decays(hf_name: str, no_decay_rules: Iterable[str] = HF_DEFAULT) -> bool:
+    """HF's name rule for one HF parameter name, without the model.
+
+    Equal to `get_parameter_names`' name test (it searches every dotted suffix,
+    and each pattern anchors on `^` or `.`, so the full name decides); it
+    cannot see the nn.LayerNorm type rule, which Llama never triggers.
+    """
+    name = hf_name.lower()
+    return not any(re.search(p, name) for p in _patterns(no_decay_rules))
+
+
+def ms_decay_names(ms_param_names: Iterable[str], keymap, ms_config,
+                   no_decay_rules: Iterable[str] = HF_DEFAULT, hf_decay: set[str] | None = None) -> set[str]:
+    """MindSpore parameter names that decay: those whose HF pair decays.
+
+    `hf_decay` (e.g. the golden run's list) overrides the name rule for HF names.
+    A MindSpore weight dropped as tied follows the HF weight it is tied to.
+    """
+    config = ms_config.to_dict() if hasattr(ms_config, "to_dict") else dict(ms_config)
+    active, tied = keymap.pairs(config)
+    hf_of = {p.dst: p.src for p in active}
+    hf_of.update({p.dst: p.tied_to for p in tied if p.dst not in hf_of})
+    names = list(ms_param_names)
+    unpaired = [n for n in names if n not in hf_of]
+    if unpaired:
+        raise MigrateError(f"keymap {keymap.name} pairs no HF parameter with MindSpore "
+                           f"{', '.join(unpaired[:5])}{' ...' if len(unpaired) > 5 else ''}")
+    rules = list(no_decay_rules)
+    if hf_decay is not None:
+        return {n for n in names if hf_of[n] in hf_decay}
+    return {n for n in names if hf_name_decays(hf_of[n], rules)}
