@@ -26,7 +26,7 @@ bench: install
 	$(PY) bench/convert.py
 
 lint: install
-	$(PY) -m pyflakes migrate tests bench golden 2>/dev/null || $(PY) -m compileall -q migrate tests bench golden
+	$(VENV)/bin/ruff check migrate tests golden bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

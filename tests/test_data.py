@@ -1,6 +1,5 @@
 """Tokenized data: MindRecord and .npy twins hold the same rows; the sample order is fixed."""
 import hashlib
-import json
 
 import mindspore.dataset as ds
 import numpy as np

@@ -105,3 +105,28 @@ def test_cli_exit_codes_and_report_files(converted, tmp_path, capsys):
     assert data["schema_version"] == 1 and data["summary"]["passed"] is True
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["per_layer_error.png", "report.html", "report.json", "report.md"]
+
+
+def test_text_input_goes_through_the_folder_tokenizer(tmp_path):
+    from migrate.data.corpus import train_bpe_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The capital of France is Paris. The capital of Italy is Rome.\n" * 20)
+    hf = build_hf_model("gqa", seed=12, vocab_size=320)
+    save_hf_model(hf, tmp_path / "hf")
+    train_bpe_tokenizer([corpus], 320, tmp_path / "tok")
+    for f in (tmp_path / "tok").iterdir():
+        (tmp_path / "hf" / f.name).write_bytes(f.read_bytes())
+    convert(tmp_path / "hf", tmp_path / "ms")
+    assert (tmp_path / "ms" / "tokenizer.json").is_file()  # travels with the conversion
+    report = compare(tmp_path / "hf", tmp_path / "ms", text="The capital of France is", generate=4)
+    assert report.passed
+    assert "The capital of France is" in report.inputs
+    assert report.generation.prompt == "The capital of France is"
+    assert report.generation.ref_text == report.generation.got_text
+
+
+def test_text_without_tokenizer_is_a_clear_error(converted, capsys):
+    hf_dir, ms_dir = converted["mha"]
+    assert main(["diff", str(hf_dir), str(ms_dir), "--text", "hello"]) == 2
+    assert "--text needs a tokenizer" in capsys.readouterr().err

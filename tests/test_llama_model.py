@@ -246,8 +246,8 @@ def test_backward_matches_torch_graph_mode():
     ms_model.set_train(True)
     params = ms_model.trainable_params()
 
-    def loss_fn(i, m, l):
-        return ms_model(i, m, l)[1]
+    def loss_fn(ids_, mask_, labels_):
+        return ms_model(ids_, mask_, labels_)[1]
 
     grad_fn = ms.value_and_grad(loss_fn, None, params)
     loss, grads = grad_fn(ms.Tensor(ids.astype(np.int32)), ms.Tensor(mask.astype(np.int32)),
@@ -307,7 +307,7 @@ def test_bf16_backward_tracks_torch():
     hf_grads = {n: to_numpy(p.grad) for n, p in hf_model.named_parameters()}
 
     params = ms_model.trainable_params()
-    grad_fn = ms.value_and_grad(lambda i, l: ms_model(i, None, l)[1], None, params)
+    grad_fn = ms.value_and_grad(lambda ids_, labels_: ms_model(ids_, None, labels_)[1], None, params)
     _, grads = grad_fn(ms.Tensor(ids.astype(np.int32)), ms.Tensor(labels.astype(np.int32)))
     assert all(g.dtype == ms.bfloat16 for g in grads)
     ms_grads = {p.name: g.astype(ms.float32).asnumpy() for p, g in zip(params, grads)}

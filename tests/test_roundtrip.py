@@ -6,7 +6,6 @@ import torch
 from hf_fixtures import VARIANTS, build_hf_model, save_hf_model
 from safetensors.torch import load_file
 
-from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.cli import main
 from migrate.hf_config import load_hf_config
 
