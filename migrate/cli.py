@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="list the tensors of a checkpoint without loading them")
     p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")
     p.set_defaults(func=_cmd_inspect)
+
+    from migrate.cli_train import register
+
+    register(sub)
     return parser
 
 

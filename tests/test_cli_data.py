@@ -1,0 +1,31 @@
+"""`migrate data tokenize` from the command line."""
+import numpy as np
+
+from migrate.cli import main
+
+
+def test_data_tokenize_cli(tmp_path, capsys):
+    from migrate.data.corpus import train_bpe_tokenizer
+
+    docs = []
+    for i in range(3):
+        doc = tmp_path / f"doc{i}.txt"
+        doc.write_text(f"Document {i}. " + "The quick brown fox jumps over the lazy dog. " * 30)
+        docs.append(doc)
+    train_bpe_tokenizer(docs, 300, tmp_path / "tok")
+    code = main(["data", "tokenize", *map(str, docs), "--tokenizer", str(tmp_path / "tok"),
+                 "--seq-length", "16", "--out", str(tmp_path / "data")])
+    assert code == 0
+    rows = np.load(tmp_path / "data" / "train.npy")
+    assert rows.shape[1] == 17 and rows.shape[0] > 10
+    assert (tmp_path / "data" / "train.mindrecord").is_file()
+    assert "tokenized 3 files" in capsys.readouterr().out
+
+
+def test_data_tokenize_missing_file_is_one_line(tmp_path, capsys):
+    code = main(["data", "tokenize", str(tmp_path / "none.txt"), "--tokenizer", str(tmp_path),
+                 "--seq-length", "8", "--out", str(tmp_path / "d")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"migrate: error: no text file at {tmp_path / 'none.txt'}"
+    assert not (tmp_path / "d").exists()
