@@ -19,6 +19,23 @@ def _cmd_data_tokenize(args) -> int:
     return 0
 
 
+def _cmd_compare(args) -> int:
+    from migrate.train.compare import compare_runs, print_summary, write_json, write_plot
+    from migrate.ui import console
+
+    result = compare_runs(
+        args.golden, args.ms, noise_path=args.noise, dtype=args.dtype, allow_prefix=args.allow_prefix,
+        tolerances={"first": args.tol_first, "mean": args.tol_mean, "max": args.tol_max, "lr": args.tol_lr},
+    )
+    print_summary(result, console())
+    if args.plot:
+        write_plot(result, args.plot)
+        console().print(f"plot: {args.plot}")
+    if args.json:
+        write_json(result, args.json)
+    return result.exit_code
+
+
 def register(sub) -> None:
     data = sub.add_parser("data", help="prepare training data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -30,4 +47,18 @@ def register(sub) -> None:
     p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_data_tokenize)
+
+    p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")
+    p.add_argument("golden", help="golden metrics.jsonl (or its run folder)")
+    p.add_argument("ms", help="MindSpore metrics.jsonl (or its run folder)")
+    p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
+    p.add_argument("--plot", help="write a PNG of the curves and their difference")
+    p.add_argument("--json", help="write the comparison as JSON")
+    p.add_argument("--allow-prefix", action="store_true", help="accept a run that stopped early")
+    p.add_argument("--tol-first", type=float, help="first-step loss relative difference bound")
+    p.add_argument("--tol-mean", type=float, help="mean relative loss difference bound")
+    p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
+    p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
+    p.set_defaults(func=_cmd_compare)
 

@@ -29,3 +29,24 @@ def test_data_tokenize_missing_file_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == f"migrate: error: no text file at {tmp_path / 'none.txt'}"
     assert not (tmp_path / "d").exists()
+
+
+def test_compare_cli_exit_codes(tmp_path, capsys):
+    import json
+
+    def write(path, losses, lrs):
+        path.write_text("".join(json.dumps({"step": i + 1, "loss": loss, "lr": lr, "grad_norm": 1.0,
+                                            "tokens": 64 * (i + 1), "time": 0.1 * i}) + "\n"
+                                for i, (loss, lr) in enumerate(zip(losses, lrs))))
+        return path
+
+    losses = [5.0 - 0.01 * i for i in range(30)]
+    lrs = [1e-3 * min(1.0, (i + 1) / 5) for i in range(30)]
+    golden = write(tmp_path / "g.jsonl", losses, lrs)
+    same = write(tmp_path / "s.jsonl", losses, lrs)
+    shifted = write(tmp_path / "o.jsonl", losses, [1e-3 * min(1.0, (i + 2) / 5) for i in range(30)])
+    assert main(["compare", str(golden), str(same), "--plot", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["compare", str(golden), str(shifted)]) == 1
+    assert "lr" in capsys.readouterr().out
+    assert main(["compare", str(golden), str(tmp_path / "missing.jsonl")]) == 2
