@@ -46,6 +46,7 @@ class Keymap:
     rules: list[ParamRule]
     ignore: list[str]
     align: dict[str, str]
+    constants: dict[str, Any]
 
     # ---------- loading ----------
     @classmethod
@@ -56,7 +57,7 @@ class Keymap:
         if not path.is_file():
             raise MigrateError(f"unknown keymap {name_or_path!r}; known: {', '.join(available())}")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = _read_with_base(path)
             return cls._from_data(data, path)
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MigrateError(f"invalid keymap {path}: {exc}") from None
@@ -71,6 +72,8 @@ class Keymap:
                 rules.append(ParamRule(src, spec["to"], spec.get("when"), spec.get("tied_to")))
         config = []
         for hf_field, ms_fields in data["config"].items():
+            if ms_fields is None:  # an inheriting keymap drops a row of its base
+                continue
             config.append((hf_field, [ms_fields] if isinstance(ms_fields, str) else list(ms_fields)))
         return cls(
             name=data["family"],
@@ -81,10 +84,11 @@ class Keymap:
             target=data["target"],
             layer_count=data.get("layer_count", "num_layers"),
             config=config,
-            passthrough=dict(data.get("config_passthrough", {})),
+            passthrough={k: v for k, v in data.get("config_passthrough", {}).items() if v is not None},
             rules=rules,
             ignore=list(data.get("ignore", [])),
             align=dict(data.get("align", {})),
+            constants=dict(data.get("config_constants", {})),
         )
 
     # ---------- config ----------
@@ -109,9 +113,14 @@ class Keymap:
                 value = {k: v for k, v in value.items() if k not in taken} or None
             for ms_field in ms_fields:
                 out[ms_field] = value
+        out.update(self.constants)  # facts of the family, not spelled in its config.json
         return out
 
     def ms_to_hf_config(self, ms_config: dict) -> dict[str, Any]:
+        for name, value in self.constants.items():
+            if name in ms_config and ms_config[name] != value:
+                raise MigrateError(f"cannot export as {self.name}: model has {name}={ms_config[name]!r}, "
+                                   f"the family fixes {value!r}")
         out: dict[str, Any] = dict(self.passthrough)
         # Whole-dict rows first, so dotted rows can fill into them.
         for hf_field, ms_fields in sorted(self.config, key=lambda row: row[0].count(".")):
@@ -156,6 +165,32 @@ class Keymap:
     def ignored(self, ms_config: dict) -> set[str]:
         layers = int(ms_config.get(self.layer_count) or 0)
         return {name for template in self.ignore for name in _expand(template, layers)}
+
+
+MERGED_SECTIONS = ("config", "config_passthrough", "config_constants", "params", "align")
+
+
+def _read_with_base(path: Path, seen: tuple = ()) -> dict:
+    """A keymap may `extends: <family>` another: mapping sections merge (own
+    entries win), everything else is replaced."""
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError("a keymap is a YAML mapping")
+    base_name = data.pop("extends", None)
+    if base_name is None:
+        return data
+    base_path = KEYMAP_DIR / f"{base_name}.yaml"
+    if base_path in seen or base_path == path:
+        raise ValueError(f"keymap inheritance loops through {base_name}")
+    if not base_path.is_file():
+        raise ValueError(f"extends unknown keymap {base_name!r}")
+    merged = _read_with_base(base_path, seen + (path,))
+    for key, value in data.items():
+        if key in MERGED_SECTIONS and isinstance(value, dict):
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = value
+    return merged
 
 
 def _expand(template: str, layers: int) -> list[str]:

@@ -59,6 +59,9 @@ def save_hf_model(model: LlamaForCausalLM, folder: Path, layout: str = "safetens
         model.save_pretrained(folder, max_shard_size="20KB")
         assert (folder / "model.safetensors.index.json").is_file()
     elif layout in ("bin", "sharded_bin"):
+        # What save_pretrained records, written by hand for the legacy layout.
+        model.config.architectures = [type(model).__name__]
+        model.config.dtype = next(model.parameters()).dtype
         model.config.save_pretrained(folder)
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if model.config.tie_word_embeddings:

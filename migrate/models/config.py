@@ -33,6 +33,8 @@ class LlamaConfig:
     qkv_has_bias: bool = False
     out_proj_has_bias: bool = False
     mlp_bias: bool = False
+    sliding_window: int | None = None      # attention window (Mistral; Qwen2 windowed layers)
+    layer_types: list[str] | None = None   # per layer: full_attention | sliding_attention
     hidden_act: str = "silu"
     attention_dropout: float = 0.0
     initializer_range: float = 0.02

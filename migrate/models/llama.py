@@ -231,18 +231,34 @@ class LlamaFeedForward(_Cell):
 
 
 class LlamaDecoderLayer(_Cell):
-    def __init__(self, config: LlamaConfig, prec: _Precision, prefix: str):
+    def __init__(self, config: LlamaConfig, prec: _Precision, prefix: str, sliding: bool = False):
         super().__init__(prec)
+        self.sliding = sliding  # attends through the sliding-window mask (Mistral, Qwen2 windowed layers)
         self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, prec, prefix + ".attention_norm")
         self.attention = LlamaAttention(config, prec, prefix + ".attention")
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, prec, prefix + ".ffn_norm")
         self.feed_forward = LlamaFeedForward(config, prec, prefix + ".feed_forward")
 
-    def construct(self, x, cos, sin, mask):
-        attn = self.attention(self.attention_norm(x), cos, sin, mask)
+    def construct(self, x, cos, sin, mask, window_mask):
+        attn = self.attention(self.attention_norm(x), cos, sin, window_mask if self.sliding else mask)
         h = self._r(x + attn)
         mlp = self.feed_forward(self.ffn_norm(h))
         return self._r(h + mlp), attn, mlp
+
+
+def _sliding_layers(config: LlamaConfig) -> list[bool]:
+    """Which layers use the sliding window: all of them (Mistral), or those HF's
+    `layer_types` marks "sliding_attention" (Qwen2 and later configs)."""
+    if config.sliding_window is None:
+        return [False] * config.num_layers
+    if not config.layer_types:
+        return [True] * config.num_layers
+    if len(config.layer_types) != config.num_layers:
+        raise MigrateError(f"layer_types lists {len(config.layer_types)} layers, the model has {config.num_layers}")
+    unknown = set(config.layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise MigrateError(f"unsupported layer types {sorted(unknown)}; supported: full_attention, sliding_attention")
+    return [t == "sliding_attention" for t in config.layer_types]
 
 
 class LlamaModel(_Cell):
@@ -251,8 +267,10 @@ class LlamaModel(_Cell):
         self.tok_embeddings = LlamaEmbedding(
             config.vocab_size, config.hidden_size, config.pad_token_id, prec, prefix + ".tok_embeddings"
         )
+        self.sliding_window = config.sliding_window
+        sliding = _sliding_layers(config)
         self.layers = nn.CellList(
-            [LlamaDecoderLayer(config, prec, f"{prefix}.layers.{i}") for i in range(config.num_layers)]
+            [LlamaDecoderLayer(config, prec, f"{prefix}.layers.{i}", sliding[i]) for i in range(config.num_layers)]
         )
         self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, prec, prefix + ".norm_out")
         inv_freq, self.attention_scaling = rope_inv_freq(
@@ -275,10 +293,13 @@ class LlamaModel(_Cell):
             sin = sin * self.attention_scaling
         return self._r(cos.astype(self.act)), self._r(sin.astype(self.act))
 
-    def _mask(self, batch, seq_len, attention_mask):
+    def _mask(self, batch, seq_len, attention_mask, window=None):
         # Additive mask (0 keep, dtype min drop) of shape (b or 1, 1, s, s), as HF eager builds it.
         idx = ops.arange(0, seq_len, dtype=ms.int32)
         keep = idx.expand_dims(0) <= idx.expand_dims(1)  # [q, k]: key at or before query
+        if window is not None:
+            # HF's sliding_window_overlay: key kept while kv_idx > q_idx - window.
+            keep = mint.logical_and(keep, idx.expand_dims(0) > idx.expand_dims(1) - window)
         keep = keep.reshape(1, 1, seq_len, seq_len)
         if attention_mask is not None:
             keep = mint.logical_and(keep, attention_mask.astype(ms.bool_).reshape(batch, 1, 1, seq_len))
@@ -290,9 +311,12 @@ class LlamaModel(_Cell):
         h = self.tok_embeddings(input_ids, embedding_weight)
         cos, sin = self._rope(s)
         mask = self._mask(b, s, attention_mask)
+        window_mask = mask
+        if self.sliding_window is not None:
+            window_mask = self._mask(b, s, attention_mask, self.sliding_window)
         hidden = (h,)
         for layer in self.layers:
-            h, attn, mlp = layer(h, cos, sin, mask)
+            h, attn, mlp = layer(h, cos, sin, mask, window_mask)
             if output_hidden_states == "detail":
                 hidden = hidden + (attn, mlp, h)
             elif output_hidden_states:
