@@ -36,6 +36,30 @@ def _cmd_compare(args) -> int:
     return result.exit_code
 
 
+def _cmd_keymap_check(args) -> int:
+    from migrate.keymap_check import check_keymap
+    from migrate.ui import console
+
+    result = check_keymap(args.keymap, args.hf, args.ms_model)
+    out = console()
+    out.print(f"keymap {result.keymap.name} v{result.keymap.version} ({result.keymap.path}) -> {result.target}: "
+              f"{result.pairs} pairs")
+    sections = (
+        ("HF tensors no rule consumes", result.unmapped_source),
+        ("rules whose HF tensor is absent", result.absent_source),
+        ("model parameters no rule fills", result.unfilled_target),
+        ("rule targets the model lacks", result.unknown_target),
+        ("shape mismatches", result.misshaped),
+    )
+    for title, names in sections:
+        if names:
+            out.print(f"[red]{title} ({len(names)}):[/]")
+            for name in names:
+                out.print(f"  {name}")
+    out.print("[green]complete: every tensor maps[/]" if result.complete else "[red]incomplete[/]")
+    return 0 if result.complete else 1
+
+
 def register(sub) -> None:
     data = sub.add_parser("data", help="prepare training data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -47,6 +71,14 @@ def register(sub) -> None:
     p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_data_tokenize)
+
+    km = sub.add_parser("keymap", help="work with keymaps")
+    km_sub = km.add_subparsers(dest="keymap_command", required=True)
+    p = km_sub.add_parser("check", help="report what a keymap leaves unmapped on each side, moving no data")
+    p.add_argument("keymap", help="a keymap YAML file (or a bundled family name)")
+    p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
+    p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
+    p.set_defaults(func=_cmd_keymap_check)
 
     p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")
     p.add_argument("golden", help="golden metrics.jsonl (or its run folder)")

@@ -29,9 +29,16 @@ def read_raw_config(folder: Path) -> dict:
 
 
 def load_hf_config(folder: Path) -> dict:
-    """The normalised config as a plain dict (transformers' `to_dict`)."""
-    from transformers import AutoConfig
+    """The normalised config as a plain dict (transformers' `to_dict`).
 
+    A model type transformers does not know (a user's own architecture with its
+    own keymap) is read as plain JSON: there is nothing to normalise."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = read_raw_config(folder)
+    if raw.get("model_type") not in CONFIG_MAPPING:
+        return raw
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # transformers raises ValueError/OSError/KeyError for bad configs
@@ -43,8 +50,12 @@ def load_hf_config(folder: Path) -> dict:
 def write_hf_config(folder: Path, fields: dict) -> None:
     """Write config.json through transformers so HF loads exactly what we meant."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     fields = dict(fields)
+    if fields.get("model_type") not in CONFIG_MAPPING:  # a user's own architecture: plain JSON
+        (Path(folder) / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
+        return
     model_type = fields.pop("model_type")
     config = AutoConfig.for_model(model_type, **fields)
     config.save_pretrained(str(folder))

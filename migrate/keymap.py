@@ -203,6 +203,49 @@ def available() -> list[str]:
     return sorted(p.stem for p in KEYMAP_DIR.glob("*.yaml"))
 
 
+def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
+    """Every bundled keymap by family name, plus a user's keymap file. A family
+    name claimed twice is refused, naming both files -- never silently shadowed."""
+    found: dict[str, Keymap] = {}
+    paths = sorted(KEYMAP_DIR.glob("*.yaml"))
+    if extra is not None:
+        paths.append(Path(extra))
+    for path in paths:
+        km = Keymap.load(str(path))
+        if km.name in found and found[km.name].path.resolve() != km.path.resolve():
+            raise MigrateError(
+                f"keymap family {km.name!r} in {km.path} is already defined by {found[km.name].path}; "
+                "give your keymap its own `family` name"
+            )
+        found[km.name] = km
+    return found
+
+
+def resolve(name_or_path: str, hf_config: dict | None = None) -> Keymap:
+    """`--src NAME`, `--src auto` (from config.json's model_type / architectures)
+    or `--keymap FILE` (checked against the registry)."""
+    if name_or_path != "auto":
+        path = Path(name_or_path)
+        if path.suffix in (".yaml", ".yml"):
+            if not path.is_file():
+                raise MigrateError(f"keymap file not found: {path}")
+            return registry(extra=path)[Keymap.load(str(path)).name]
+        return Keymap.load(name_or_path)
+    if hf_config is None:
+        raise MigrateError("--src auto needs the model's config.json")
+    model_type = hf_config.get("model_type")
+    archs = set(hf_config.get("architectures") or [])
+    candidates = [km for km in registry().values()
+                  if model_type in km.model_types or archs & set(km.architectures)]
+    if len(candidates) != 1:
+        known = ", ".join(f"{km.name} ({'/'.join(km.architectures)})" for km in registry().values())
+        what = "/".join(sorted(archs)) or model_type
+        if not candidates:
+            raise MigrateError(f"no keymap knows {what!r} (model_type {model_type!r}); known families: {known}")
+        raise MigrateError(f"several keymaps claim {what!r}: {', '.join(km.name for km in candidates)}")
+    return candidates[0]
+
+
 def _get_path(data: dict, dotted: str):
     node: Any = data
     for part in dotted.split("."):
