@@ -4,9 +4,7 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from hf_fixtures import build_hf_model
 from ms_helpers import compare as compare_logits
 from ms_helpers import seeded_batch
