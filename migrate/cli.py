@@ -17,7 +17,8 @@ def _cmd_convert(args) -> int:
 
     with progress_bar("converting") as update:
         result = convert(args.src_dir, args.out_dir, keymap=args.keymap or args.src, fmt=args.format,
-                         dtype=args.dtype, overwrite=args.overwrite, on_tensor=update)
+                         dtype=args.dtype, overwrite=args.overwrite, on_tensor=update,
+                         max_shard_size=args.max_shard_size)
     console().print(
         f"[green]converted[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.2f}s -> {result.out_dir}"
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["ckpt", "safetensors"], default="ckpt")
     p.add_argument("--dtype", choices=["keep", "fp32", "fp16", "bf16"], default="keep")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--max-shard-size", metavar="SIZE",
+                   help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
+                        "default 1.9GB for ckpt, one file for safetensors")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("export", help="MindSpore checkpoint folder -> HF folder (inverse keymap)")
@@ -113,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
     p.add_argument("hf_dir", nargs="?")
     p.add_argument("ms_dir", nargs="?")
-    p.add_argument("--src", default="hf_llama", help="family whose keymap pairs the names")
+    p.add_argument("--src", help="family whose keymap pairs the names (default: the one conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="both sides run in it")
     p.add_argument("--text", help="tokenize this text with the HF folder's tokenizer instead of random ids")

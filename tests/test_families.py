@@ -39,7 +39,7 @@ def test_family_converts_matches_hf_and_round_trips(tmp_path, case):
     if "window" in case:
         assert config.sliding_window == 4
 
-    report = compare(tmp_path / "hf", tmp_path / "ms", keymap=family, detail=True, grads=True)
+    report = compare(tmp_path / "hf", tmp_path / "ms", detail=True, grads=True)  # keymap from conversion.json
     assert report.passed, report.first_divergence
 
     export(tmp_path / "ms", tmp_path / "back", keymap=family)

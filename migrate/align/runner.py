@@ -35,7 +35,7 @@ def compare(
     generate: int = 0,
     inject: str | None = None,
     thresholds: Thresholds | None = None,
-    keymap: str = "hf_llama",
+    keymap: str | None = None,
     mode: str = "pynative",
     lr: float = 1e-4,
 ) -> Report:
@@ -64,7 +64,7 @@ def compare(
     if fault:
         ms.set_context(mode=ms.PYNATIVE_MODE)  # faults patch Python methods
 
-    km = Keymap.load(keymap)
+    km = Keymap.load(keymap or _converted_with(ms_dir))
     ms_side = MSSide(ms_dir, dtype, seed)
     config = ms_side.config
     layer = None
@@ -92,6 +92,19 @@ def compare(
     if generate:
         _generation(report, hf_side, ms_side, inputs, generate, hf_dir)
     return report.finalize()
+
+
+def _converted_with(ms_dir: Path) -> str:
+    """The keymap conversion.json records (a trained folder without one: hf_llama)."""
+    import json
+
+    manifest = ms_dir / "conversion.json"
+    if manifest.is_file():
+        try:
+            return json.loads(manifest.read_text())["keymap"]["name"]
+        except (ValueError, KeyError, TypeError):
+            raise MigrateError(f"{manifest} is not a conversion manifest") from None
+    return "hf_llama"
 
 
 def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
