@@ -43,6 +43,9 @@ class LlamaConfig:
     pad_token_id: int | None = None
     ignore_token_id: int = -100
     compute_dtype: str = "float32"         # float32 | float16 | bfloat16
+    # MindFormers' fused layout: attention.w_qkv (rows per KV group: q heads | k | v)
+    # and feed_forward.w_gate_hidden (gate/up rows interleaved); see migrate.transforms.
+    qkv_concat: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
 
     def __post_init__(self):

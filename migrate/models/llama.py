@@ -1,7 +1,11 @@
 """MindSpore Llama causal LM that reproduces HF transformers' LlamaForCausalLM.
 
 Parameter names are MindFormers' legacy Llama names (see keymaps/hf_llama.yaml),
-so a checkpoint saved from this model also loads into MindFormers.
+so a checkpoint saved from this model also loads into MindFormers. With
+`qkv_concat` (MindFormers' fused layout) attention holds one `w_qkv` (rows per
+KV group: the group's query heads, its key head, its value head) and the MLP one
+`w_gate_hidden` (gate and up rows interleaved); `migrate.transforms` layouts
+"qkv_groups" and "interleave_rows" map HF's separate tensors onto them.
 
     model = LlamaForCausalLM(config)
     logits, loss, hidden = model(input_ids, attention_mask=None, labels=None,
@@ -180,10 +184,25 @@ class LlamaAttention(_Cell):
         self.scaling = self.head_dim ** -0.5
         self.dropout = config.attention_dropout
         h, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.n_kv_heads * config.head_dim
-        self.wq = Linear(h, q_out, config.qkv_has_bias, prec, prefix + ".wq")
-        self.wk = Linear(h, kv_out, config.qkv_has_bias, prec, prefix + ".wk")
-        self.wv = Linear(h, kv_out, config.qkv_has_bias, prec, prefix + ".wv")
+        self.qkv_concat = config.qkv_concat
+        if self.qkv_concat:
+            # MindFormers' fused layout: rows per KV group [its n_rep q heads | k | v]
+            # (migrate.transforms "qkv_groups").
+            self.w_qkv = Linear(h, q_out + 2 * kv_out, config.qkv_has_bias, prec, prefix + ".w_qkv")
+        else:
+            self.wq = Linear(h, q_out, config.qkv_has_bias, prec, prefix + ".wq")
+            self.wk = Linear(h, kv_out, config.qkv_has_bias, prec, prefix + ".wk")
+            self.wv = Linear(h, kv_out, config.qkv_has_bias, prec, prefix + ".wv")
         self.wo = Linear(q_out, h, config.out_proj_has_bias, prec, prefix + ".wo")
+
+    def _split_qkv(self, qkv, b, s):
+        """Fused per-group output -> q (b, heads, s, d), k and v (b, kv_heads, s, d)."""
+        qkv = qkv.reshape(b, s, self.n_kv_heads, self.n_rep + 2, self.head_dim)
+        # Query head g * n_rep + r is group g's r-th: HF's order, which _repeat_kv pairs with kv head g.
+        q = qkv[:, :, :, : self.n_rep].reshape(b, s, self.num_heads, self.head_dim)
+        k = qkv[:, :, :, self.n_rep]
+        v = qkv[:, :, :, self.n_rep + 1]
+        return q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
 
     def _repeat_kv(self, x):
         # HF repeat_kv: each kv head repeated n_rep times consecutively.
@@ -198,9 +217,12 @@ class LlamaAttention(_Cell):
 
     def construct(self, x, cos, sin, mask):
         b, s, _ = x.shape
-        q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
-        k = self.wk(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
-        v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
+        if self.qkv_concat:
+            q, k, v = self._split_qkv(self.w_qkv(x), b, s)
+        else:
+            q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+            k = self.wk(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
+            v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
         q = self._rope(q, cos, sin)
         k = self._repeat_kv(self._rope(k, cos, sin))
         v = self._repeat_kv(v)
@@ -221,13 +243,25 @@ class LlamaFeedForward(_Cell):
     def __init__(self, config: LlamaConfig, prec: _Precision, prefix: str):
         super().__init__(prec)
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.w1 = Linear(h, i, bias, prec, prefix + ".w1")  # gate
-        self.w2 = Linear(i, h, bias, prec, prefix + ".w2")  # down
-        self.w3 = Linear(h, i, bias, prec, prefix + ".w3")  # up
+        self.ffn_concat = config.qkv_concat  # MindFormers fuses gate/up together with qkv
+        self.intermediate_size = i
+        if self.ffn_concat:
+            # Rows interleaved gate_0, up_0, gate_1, up_1, ... (migrate.transforms "interleave_rows").
+            self.w_gate_hidden = Linear(h, 2 * i, bias, prec, prefix + ".w_gate_hidden")
+            self.w2 = Linear(i, h, bias, prec, prefix + ".w2")  # down
+        else:
+            self.w1 = Linear(h, i, bias, prec, prefix + ".w1")  # gate
+            self.w2 = Linear(i, h, bias, prec, prefix + ".w2")  # down
+            self.w3 = Linear(h, i, bias, prec, prefix + ".w3")  # up
         self.act_fn = _ACTIVATIONS[config.hidden_act]
 
     def construct(self, x):
-        return self.w2(self._r(self._r(self.act_fn(self.w1(x))) * self.w3(x)))
+        if self.ffn_concat:
+            pairs = self.w_gate_hidden(x).reshape(x.shape[:-1] + (self.intermediate_size, 2))
+            gate, up = pairs[..., 0], pairs[..., 1]
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        return self.w2(self._r(self._r(self.act_fn(gate)) * up))
 
 
 class LlamaDecoderLayer(_Cell):

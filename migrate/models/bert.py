@@ -1,0 +1,355 @@
+"""MindSpore BERT that reproduces HF transformers' BertModel and BertForMaskedLM.
+
+    model = BertModel(config)
+    last_hidden_state, pooled_output, hidden = model(input_ids, attention_mask=None,
+                                                     token_type_ids=None, output_hidden_states=False)
+    model = BertForMaskedLM(config)
+    logits, loss, hidden = model(input_ids, attention_mask=None, token_type_ids=None,
+                                 labels=None, output_hidden_states=False)
+
+Post-LayerNorm encoder with bidirectional attention; `attention_mask` (1 keep, 0 pad)
+becomes HF eager's additive mask (dtype min on padded keys); None means no mask, and
+`token_type_ids` None means all zeros. BertForMaskedLM's loss is HF's: cross entropy
+over every position (no shift), labels == ignore_token_id (-100) ignored.
+
+Parameter names follow HF's module tree in this project's Llama vocabulary, and every
+weight keeps torch.nn.Linear's (out, in) layout, so conversion is renames only:
+
+    embeddings.{word,position,token_type}_embeddings.embedding_weight   (HF ...weight)
+    embeddings.layernorm.weight/bias                                     (HF embeddings.LayerNorm)
+    encoder.layer.N.attention.wq/wk/wv.weight/bias                       (HF attention.self.query/key/value)
+    encoder.layer.N.attention.wo.weight/bias                             (HF attention.output.dense)
+    encoder.layer.N.attention_norm.weight/bias                           (HF attention.output.LayerNorm)
+    encoder.layer.N.feed_forward.w1.weight/bias                          (HF intermediate.dense)
+    encoder.layer.N.feed_forward.w2.weight/bias                          (HF output.dense)
+    encoder.layer.N.ffn_norm.weight/bias                                 (HF output.LayerNorm)
+    pooler.dense.weight/bias                                             (BertModel only)
+    cls.transform.dense.weight/bias, cls.transform.layernorm.weight/bias (HF cls.predictions.transform.*)
+    cls.decoder.bias      (HF cls.predictions.bias; untied: cls.predictions.decoder.bias)
+    cls.decoder.weight    (untied only; tied, the decoder uses the word-embedding table)
+
+A standalone BertModel has no prefix (as HF's BertModel); inside BertForMaskedLM it sits
+under `bert.` (no pooler, as HF).
+
+`hidden` is None unless output_hidden_states is True: the embeddings output and each
+layer's output (HF's hidden_states), plus, for BertForMaskedLM, the MLM transform's
+output (`cls.transform`, the last normed tensor before the decoder). "detail" adds each
+layer's attention output (wo, before residual and LayerNorm) and MLP output (w2, before
+residual and LayerNorm); `hidden_names(...)` names the entries. Precision handling as
+in `migrate.models.llama` (fp32 exact; bf16/fp16 emulated on CPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mindspore as ms
+from mindspore import mint, nn, ops
+
+from migrate.errors import MigrateError
+from migrate.models.common import (
+    _DTYPES, _MIN, Activation, ConfigIO, Embedding, LayerNorm, Linear, _Cell, _Precision,
+    cast_outputs, check_dtype, check_heads, masked_lm_loss, padding_mask,
+)
+
+
+@dataclass
+class BertConfig(ConfigIO):
+    """`model.yaml` of the bundled BERT; HF's name is in the comment where it differs."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int                          # num_hidden_layers
+    num_heads: int                           # num_attention_heads
+    intermediate_size: int
+    seq_length: int = 512                    # max_position_embeddings
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    is_decoder: bool = False                 # not supported: True is refused
+    add_cross_attention: bool = False        # not supported: True is refused
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = 0             # word-embedding padding_idx, as HF
+    ignore_token_id: int = -100
+    compute_dtype: str = "float32"           # float32 | float16 | bfloat16
+    extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
+
+    def __post_init__(self):
+        check_heads(self.hidden_size, self.num_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class BertEmbeddings(_Cell):
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        h = config.hidden_size
+        self.word_embeddings = Embedding(config.vocab_size, h, prec, prefix + ".word_embeddings",
+                                         padding_idx=config.pad_token_id)
+        self.position_embeddings = Embedding(config.seq_length, h, prec, prefix + ".position_embeddings")
+        self.token_type_embeddings = Embedding(config.type_vocab_size, h, prec, prefix + ".token_type_embeddings")
+        self.layernorm = LayerNorm(h, config.layer_norm_eps, prec, prefix + ".layernorm")
+        self.dropout = config.hidden_dropout_prob
+
+    def construct(self, input_ids, token_type_ids=None, word_table=None):
+        seq_len = input_ids.shape[1]
+        if token_type_ids is None:
+            token_type_ids = input_ids * 0  # mint.zeros_like has no CPU kernel
+        positions = ops.arange(0, seq_len, dtype=ms.int32)
+        # HF order: (words + token types) + positions.
+        h = self._r(self.word_embeddings(input_ids, word_table) + self.token_type_embeddings(token_type_ids))
+        h = self._r(h + self.position_embeddings(positions).expand_dims(0))
+        h = self.layernorm(h)
+        if self.training and self.dropout > 0:
+            h = ops.dropout(h, p=self.dropout, training=True)  # mint's dropout has no CPU kernel
+        return h
+
+
+class BertAttention(_Cell):
+    """Self-attention up to and including the output dense (wo); residual and
+    LayerNorm are the layer's."""
+
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        h = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim ** -0.5
+        self.dropout = config.attention_probs_dropout_prob
+        self.wq = Linear(h, h, True, prec, prefix + ".wq")
+        self.wk = Linear(h, h, True, prec, prefix + ".wk")
+        self.wv = Linear(h, h, True, prec, prefix + ".wv")
+        self.wo = Linear(h, h, True, prec, prefix + ".wo")
+
+    def construct(self, x, mask):
+        b, s, _ = x.shape
+        q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        k = self.wk(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        v = self.wv(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        scores = self._r(self._r(mint.matmul(q, k.swapaxes(2, 3))) * self.scaling)
+        if mask is not None:
+            scores = self._r(scores + mask)
+        probs = self._r(mint.nn.functional.softmax(scores.astype(ms.float32), dim=-1).astype(self.act))
+        if self.training and self.dropout > 0:
+            probs = ops.dropout(probs, p=self.dropout, training=True)
+        out = self._r(mint.matmul(probs, v))
+        return self.wo(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+
+class BertFeedForward(_Cell):
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        h, i = config.hidden_size, config.intermediate_size
+        self.w1 = Linear(h, i, True, prec, prefix + ".w1")  # HF intermediate.dense
+        self.w2 = Linear(i, h, True, prec, prefix + ".w2")  # HF output.dense
+        self.act = Activation(config.hidden_act, prec)
+
+    def construct(self, x):
+        return self.w2(self.act(self.w1(x)))
+
+
+class BertLayer(_Cell):
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        h, eps = config.hidden_size, config.layer_norm_eps
+        self.attention = BertAttention(config, prec, prefix + ".attention")
+        self.attention_norm = LayerNorm(h, eps, prec, prefix + ".attention_norm")  # HF attention.output.LayerNorm
+        self.feed_forward = BertFeedForward(config, prec, prefix + ".feed_forward")
+        self.ffn_norm = LayerNorm(h, eps, prec, prefix + ".ffn_norm")              # HF output.LayerNorm
+        self.dropout = config.hidden_dropout_prob
+
+    def _drop(self, x):
+        if self.training and self.dropout > 0:
+            return ops.dropout(x, p=self.dropout, training=True)
+        return x
+
+    def construct(self, x, mask):
+        attn = self._drop(self.attention(x, mask))
+        h = self.attention_norm(self._r(attn + x))
+        mlp = self._drop(self.feed_forward(h))
+        return self.ffn_norm(self._r(mlp + h)), attn, mlp
+
+
+class BertEncoder(nn.Cell):
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__()
+        self.layer = nn.CellList([BertLayer(config, prec, f"{prefix}.layer.{i}") for i in range(config.num_layers)])
+
+
+class BertPooler(_Cell):
+    """HF BertPooler: dense + tanh on the first ([CLS]) token."""
+
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        self.dense = Linear(config.hidden_size, config.hidden_size, True, prec, prefix + ".dense")
+
+    def construct(self, h):
+        return self._r(mint.tanh(self.dense(h[:, 0])))
+
+
+def _name_parameters(cell):
+    # Parameters carry their full path as name (checkpoints are keyed by it).
+    for name, param in cell.parameters_and_names():
+        param.name = name
+
+
+class BertModel(_Cell):
+    """HF BertModel (encoder + optional pooler); see the module docstring for the call.
+
+    `seed` makes the HF-style initialisation reproducible: normal(0, initializer_range)
+    for embeddings (pad row zeroed) and dense weights, zeros for biases, ones/zeros for
+    LayerNorms.
+    """
+
+    config_class = BertConfig
+
+    def __init__(self, config: BertConfig, seed: int = 0, add_pooling_layer: bool = True,
+                 _prec: _Precision | None = None, _prefix: str = ""):
+        if _prec is None:
+            _prec = _precision(config, seed)
+        super().__init__(_prec)
+        self.config = config
+        self.embeddings = BertEmbeddings(config, _prec, _prefix + "embeddings")
+        self.encoder = BertEncoder(config, _prec, _prefix + "encoder")
+        self.pooler = BertPooler(config, _prec, _prefix + "pooler") if add_pooling_layer else None
+        self.max_positions = config.seq_length
+        self.min_value = _MIN[_prec.dtype]
+        _name_parameters(self)
+
+    @staticmethod
+    def hidden_names(config: BertConfig, detail: bool = False, prefix: str = "") -> list[str]:
+        """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
+        names = [prefix + "embeddings"]
+        for i in range(config.num_layers):
+            layer = f"{prefix}encoder.layer.{i}"
+            names += [f"{layer}.attention", f"{layer}.feed_forward", layer] if detail else [layer]
+        return names
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
+               word_table=None):
+        """(last hidden state, hidden tuple) in the activation dtype."""
+        b, s = input_ids.shape
+        if s > self.max_positions:
+            raise ValueError("sequence longer than the position table")
+        h = self.embeddings(input_ids, token_type_ids, word_table)
+        mask = None
+        if attention_mask is not None:
+            mask = padding_mask(b, s, attention_mask, self.min_value, self.act)
+        hidden = (h,)
+        for layer in self.encoder.layer:
+            h, attn, mlp = layer(h, mask)
+            if output_hidden_states == "detail":
+                hidden = hidden + (attn, mlp, h)
+            elif output_hidden_states:
+                hidden = hidden + (h,)
+        return h, hidden
+
+    def construct(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False):
+        h, hidden = self.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        pooled = None
+        if self.pooler is not None:
+            pooled = self.pooler(h)
+        if self.emulate:
+            h = h.astype(self.cdtype)
+            if pooled is not None:
+                pooled = pooled.astype(self.cdtype)
+            if output_hidden_states:
+                hidden = cast_outputs(self, hidden)
+        if not output_hidden_states:
+            hidden = None
+        return h, pooled, hidden
+
+
+def _precision(config: BertConfig, seed: int) -> _Precision:
+    check_dtype(config.compute_dtype)
+    if config.is_decoder or config.add_cross_attention:
+        raise MigrateError("is_decoder / add_cross_attention are not supported by the bundled BERT")
+    return _Precision(_DTYPES[config.compute_dtype], config.initializer_range, seed)
+
+
+class BertPredictionHeadTransform(_Cell):
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        h = config.hidden_size
+        self.dense = Linear(h, h, True, prec, prefix + ".dense")
+        self.act = Activation(config.hidden_act, prec)
+        self.layernorm = LayerNorm(h, config.layer_norm_eps, prec, prefix + ".layernorm")
+
+    def construct(self, x):
+        return self.layernorm(self.act(self.dense(x)))
+
+
+class BertDecoder(_Cell):
+    """Logits = x @ W.T + bias; W is the word-embedding table when tied (no parameter here)."""
+
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        if not config.tie_word_embeddings:
+            self.weight = prec.normal(prefix + ".weight", (config.vocab_size, config.hidden_size))
+        self.bias = prec.const(prefix + ".bias", (config.vocab_size,), "zeros")
+
+    def construct(self, x, weight):
+        return self._r(mint.nn.functional.linear(x, weight, self._p(self.bias)))
+
+
+class BertMLMHead(nn.Cell):
+    """HF BertOnlyMLMHead / BertLMPredictionHead."""
+
+    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config, prec, prefix + ".transform")
+        self.decoder = BertDecoder(config, prec, prefix + ".decoder")
+
+
+class BertForMaskedLM(_Cell):
+    """HF BertForMaskedLM; see the module docstring for the call."""
+
+    config_class = BertConfig
+
+    def __init__(self, config: BertConfig, seed: int = 0):
+        prec = _precision(config, seed)
+        super().__init__(prec)
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.ignore_index = config.ignore_token_id
+        self.tie_word_embeddings = config.tie_word_embeddings
+        self.bert = BertModel(config, seed, add_pooling_layer=False, _prec=prec, _prefix="bert.")
+        self.cls = BertMLMHead(config, prec, "cls")
+        _name_parameters(self)
+
+    @staticmethod
+    def hidden_names(config: BertConfig, detail: bool = False) -> list[str]:
+        """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
+        return BertModel.hidden_names(config, detail, "bert.") + ["cls.transform"]
+
+    def construct(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                  output_hidden_states=False):
+        if self.tie_word_embeddings:
+            # One cast shared by lookup and decoder (see GPT2LMHeadModel.construct).
+            table = self.bert.embeddings.word_embeddings.table()
+            h, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids, output_hidden_states, table)
+        else:
+            h, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids, output_hidden_states)
+            table = self._p(self.cls.decoder.weight)
+        t = self.cls.transform(h)
+        logits = self.cls.decoder(t, table)
+        loss = None
+        if labels is not None:
+            # HF's CrossEntropyLoss runs in the logits dtype: one rounding of the result.
+            loss = self._r(masked_lm_loss(logits, labels, self.vocab_size, self.ignore_index))
+        if output_hidden_states:
+            hidden = hidden + (t,)
+        if self.emulate:
+            logits = logits.astype(self.cdtype)
+            if output_hidden_states:
+                hidden = cast_outputs(self, hidden)
+        if not output_hidden_states:
+            hidden = None
+        return logits, loss, hidden

@@ -1,0 +1,261 @@
+"""MindSpore GPT-2 causal LM that reproduces HF transformers' GPT2LMHeadModel.
+
+Parameter names and layouts are MindFormers' legacy GPT-2 ones
+(mindformers/models/gpt2: `backbone.embedding...`, `backbone.blocks.N...`), so a
+checkpoint saved from this model also loads into MindFormers:
+
+- q, k, v (`attention.dense1/2/3`) are separate, stored (out, in) like torch.nn.Linear:
+  HF's fused Conv1D `c_attn` weight (in, 3*out) is split into thirds along its output
+  axis (dim 1) and each third transposed; its bias is split into thirds.
+- `attention.projection`, `output.mapping` and `output.projection` are stored (in, out),
+  MindFormers' `_Linear(transpose_b=False)` layout, which is HF's Conv1D layout: HF's
+  attn.c_proj, mlp.c_fc and mlp.c_proj copy over unchanged (rename only).
+- LayerNorms are `gamma`/`beta`; the LM head is tied to the token embedding (HF GPT-2
+  always ties); an untied config gets an `lm_head.weight` (vocab, hidden).
+
+    model = GPT2LMHeadModel(config)
+    logits, loss, hidden = model(input_ids, attention_mask=None, labels=None,
+                                 output_hidden_states=False)
+
+`loss` is None without labels. `hidden` is None unless output_hidden_states is True
+(embedding output, each block's output, final LayerNorm output) or "detail"
+(additionally each block's attention and MLP outputs before their residual add);
+`GPT2LMHeadModel.hidden_names(...)` names the entries. Precision handling as in
+`migrate.models.llama` (fp32 exact; bf16/fp16 emulated on CPU).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import mindspore as ms
+from mindspore import mint, nn, ops
+
+from migrate.errors import MigrateError
+from migrate.models.common import (
+    _DTYPES, _MIN, F32, Activation, ConfigIO, Embedding, LayerNorm, Linear, LinearInOut, _Cell, _Precision,
+    causal_lm_loss, causal_mask, cast_outputs, check_dtype, check_heads,
+)
+
+
+@dataclass
+class GPT2Config(ConfigIO):
+    """`model.yaml` of the bundled GPT-2. Field names follow MindFormers' GPT2Config
+    (and this project's LlamaConfig) where one exists; HF's name is in the comment."""
+
+    vocab_size: int                          # vocab_size
+    hidden_size: int                         # n_embd
+    num_layers: int                          # n_layer
+    num_heads: int                           # n_head
+    intermediate_size: int | None = None     # n_inner; None: 4 * hidden_size
+    seq_length: int = 1024                   # n_positions (rows of the position table)
+    layer_norm_eps: float = 1e-5             # layer_norm_epsilon
+    hidden_act: str = "gelu_new"             # activation_function
+    embedding_dropout_prob: float = 0.1      # embd_pdrop
+    hidden_dropout_rate: float = 0.1         # resid_pdrop
+    attention_dropout_rate: float = 0.1      # attn_pdrop
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    reorder_and_upcast_attn: bool = False
+    add_cross_attention: bool = False        # not supported: True is refused
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    ignore_token_id: int = -100
+    compute_dtype: str = "float32"           # float32 | float16 | bfloat16
+    extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
+
+    def __post_init__(self):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        check_heads(self.hidden_size, self.num_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class GPT2Embedding(_Cell):
+    def __init__(self, config: GPT2Config, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        h = config.hidden_size
+        self.word_embedding = Embedding(config.vocab_size, h, prec, prefix + ".word_embedding", "embedding_table")
+        self.position_embedding = Embedding(config.seq_length, h, prec, prefix + ".position_embedding",
+                                            "embedding_table")
+        self.dropout = config.embedding_dropout_prob
+
+    def construct(self, input_ids, word_table=None):
+        seq_len = input_ids.shape[1]
+        positions = ops.arange(0, seq_len, dtype=ms.int32)
+        h = self._r(self.word_embedding(input_ids, word_table) + self.position_embedding(positions).expand_dims(0))
+        if self.training and self.dropout > 0:
+            h = ops.dropout(h, p=self.dropout, training=True)  # mint's dropout has no CPU kernel
+        return h
+
+
+class GPT2Attention(_Cell):
+    def __init__(self, config: GPT2Config, layer_idx: int, prec: _Precision, prefix: str, proj_std: float):
+        super().__init__(prec)
+        h = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        scaling = 1.0
+        if config.scale_attn_weights:
+            scaling = self.head_dim ** -0.5
+        if config.scale_attn_by_inverse_layer_idx:
+            scaling /= float(layer_idx + 1)
+        self.scaling = scaling
+        self.upcast = config.reorder_and_upcast_attn
+        self.attn_dropout = config.attention_dropout_rate
+        self.resid_dropout = config.hidden_dropout_rate
+        self.dense1 = Linear(h, h, True, prec, prefix + ".dense1")  # q
+        self.dense2 = Linear(h, h, True, prec, prefix + ".dense2")  # k
+        self.dense3 = Linear(h, h, True, prec, prefix + ".dense3")  # v
+        self.projection = LinearInOut(h, h, prec, prefix + ".projection", std=proj_std)
+
+    def construct(self, x, mask):
+        b, s, _ = x.shape
+        q = self.dense1(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        k = self.dense2(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        v = self.dense3(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        if self.upcast:
+            # HF _upcast_and_reordered_attn: scores, mask and softmax in fp32, one cast at the end.
+            scores = mint.matmul(q.astype(F32), k.astype(F32).swapaxes(2, 3)) * self.scaling
+            scores = scores + mask.astype(F32)
+            probs = self._r(mint.nn.functional.softmax(scores, dim=-1).astype(self.act))
+        else:
+            # HF eager_attention_forward: matmul, scale, mask, softmax, each in the activation dtype.
+            scores = self._r(self._r(mint.matmul(q, k.swapaxes(2, 3))) * self.scaling)
+            scores = self._r(scores + mask)
+            probs = self._r(mint.nn.functional.softmax(scores.astype(F32), dim=-1).astype(self.act))
+        if self.training and self.attn_dropout > 0:
+            probs = ops.dropout(probs, p=self.attn_dropout, training=True)
+        out = self._r(mint.matmul(probs, v))
+        out = self.projection(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+        if self.training and self.resid_dropout > 0:
+            out = ops.dropout(out, p=self.resid_dropout, training=True)
+        return out
+
+
+class GPT2MLP(_Cell):
+    def __init__(self, config: GPT2Config, prec: _Precision, prefix: str, proj_std: float):
+        super().__init__(prec)
+        h, i = config.hidden_size, config.intermediate_size
+        self.mapping = LinearInOut(h, i, prec, prefix + ".mapping")            # HF mlp.c_fc
+        self.projection = LinearInOut(i, h, prec, prefix + ".projection", std=proj_std)  # HF mlp.c_proj
+        self.act = Activation(config.hidden_act, prec, "hidden_act (HF activation_function)")
+        self.dropout = config.hidden_dropout_rate
+
+    def construct(self, x):
+        out = self.projection(self.act(self.mapping(x)))
+        if self.training and self.dropout > 0:
+            out = ops.dropout(out, p=self.dropout, training=True)
+        return out
+
+
+class GPT2Block(_Cell):
+    def __init__(self, config: GPT2Config, layer_idx: int, prec: _Precision, prefix: str):
+        super().__init__(prec)
+        # HF's GPT-2 scheme: residual-path projections start at std / sqrt(2 * n_layer).
+        proj_std = config.initializer_range / math.sqrt(2 * config.num_layers)
+        eps, h, ln = config.layer_norm_eps, config.hidden_size, ("gamma", "beta")
+        self.layernorm1 = LayerNorm(h, eps, prec, prefix + ".layernorm1", ln)
+        self.attention = GPT2Attention(config, layer_idx, prec, prefix + ".attention", proj_std)
+        self.layernorm2 = LayerNorm(h, eps, prec, prefix + ".layernorm2", ln)
+        self.output = GPT2MLP(config, prec, prefix + ".output", proj_std)
+
+    def construct(self, x, mask):
+        attn = self.attention(self.layernorm1(x), mask)
+        h = self._r(attn + x)
+        mlp = self.output(self.layernorm2(h))
+        return self._r(h + mlp), attn, mlp
+
+
+class GPT2Model(_Cell):
+    def __init__(self, config: GPT2Config, prec: _Precision, prefix: str = "backbone"):
+        super().__init__(prec)
+        self.seq_length = config.seq_length
+        self.embedding = GPT2Embedding(config, prec, prefix + ".embedding")
+        self.blocks = nn.CellList(
+            [GPT2Block(config, i, prec, f"{prefix}.blocks.{i}") for i in range(config.num_layers)]
+        )
+        self.layernorm = LayerNorm(config.hidden_size, config.layer_norm_eps, prec, prefix + ".layernorm",
+                                   ("gamma", "beta"))
+        self.min_value = _MIN[prec.dtype]
+
+    def construct(self, input_ids, attention_mask=None, output_hidden_states=False, word_table=None):
+        b, s = input_ids.shape
+        if s > self.seq_length:
+            raise ValueError(f"sequence length {s} exceeds the position table ({self.seq_length})")
+        h = self.embedding(input_ids, word_table)
+        mask = causal_mask(b, s, attention_mask, self.min_value, self.act)
+        hidden = (h,)
+        for block in self.blocks:
+            h, attn, mlp = block(h, mask)
+            if output_hidden_states == "detail":
+                hidden = hidden + (attn, mlp, h)
+            elif output_hidden_states:
+                hidden = hidden + (h,)
+        h = self.layernorm(h)
+        return h, hidden + (h,)
+
+
+class GPT2LMHeadModel(_Cell):
+    """HF GPT2LMHeadModel in MindSpore; see the module docstring for the call.
+
+    `seed` makes the HF-style initialisation reproducible: normal(0, initializer_range)
+    for embeddings and dense weights, normal(0, initializer_range / sqrt(2 * num_layers))
+    for the two residual projections, zeros for biases, ones/zeros for LayerNorms.
+    """
+
+    config_class = GPT2Config
+
+    def __init__(self, config: GPT2Config, seed: int = 0):
+        check_dtype(config.compute_dtype)
+        if config.add_cross_attention:
+            raise MigrateError("add_cross_attention is not supported by the bundled GPT-2")
+        prec = _Precision(_DTYPES[config.compute_dtype], config.initializer_range, seed)
+        super().__init__(prec)
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.ignore_index = config.ignore_token_id
+        self.tie_word_embeddings = config.tie_word_embeddings
+        self.backbone = GPT2Model(config, prec, "backbone")
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, prec, "lm_head")
+        # Parameters carry their full path as name (checkpoints are keyed by it).
+        for name, param in self.parameters_and_names():
+            param.name = name
+
+    @staticmethod
+    def hidden_names(config: GPT2Config, detail: bool = False) -> list[str]:
+        """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
+        names = ["backbone.embedding"]
+        for i in range(config.num_layers):
+            block = f"backbone.blocks.{i}"
+            names += [f"{block}.attention", f"{block}.output", block] if detail else [block]
+        return names + ["backbone.layernorm"]
+
+    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False):
+        if self.tie_word_embeddings:
+            # One cast shared by lookup and head (a bf16 parameter cast twice needs a
+            # bf16 TensorMove in GRAPH_MODE, which CPU lacks).
+            table = self.backbone.embedding.word_embedding.table()
+            h, hidden = self.backbone(input_ids, attention_mask, output_hidden_states, table)
+            logits = self._r(mint.matmul(h, table.T))
+        else:
+            h, hidden = self.backbone(input_ids, attention_mask, output_hidden_states)
+            logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, self.vocab_size, self.ignore_index)
+        if self.emulate:
+            logits = logits.astype(self.cdtype)
+            if output_hidden_states:
+                hidden = cast_outputs(self, hidden)
+        if not output_hidden_states:
+            hidden = None
+        return logits, loss, hidden
