@@ -60,6 +60,53 @@ def _cmd_keymap_check(args) -> int:
     return 0 if result.complete else 1
 
 
+def _cmd_train(args) -> int:
+    from migrate.train.config import RunConfig
+    from migrate.train.trainer import train
+    from migrate.ui import console
+
+    cfg = RunConfig.load(args.config)
+    out = train(cfg, out_dir=args.out, resume=args.resume, mode=args.mode)
+    console().print(f"[green]trained[/] -> {out} (metrics.jsonl, checkpoints/)")
+    return 0
+
+
+def _cmd_hparams(args) -> int:
+    from migrate.train.config import RunConfig
+    from migrate.train.hparams import format_report, hparams_report
+    from migrate.ui import console
+
+    report = hparams_report(RunConfig.load(args.config))
+    console().print(format_report(report), markup=False, highlight=False)
+    return report.exit_status
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'64GB', '80GiB', '1.5TB' -> bytes. Device memory is quoted in GB by vendors but
+    means GiB in practice; GB here is taken literally (10**9) -- pass GiB if you mean it."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise MigrateError(f"not a memory size: {text!r} (try 64GB or 80GiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _cmd_plan(args) -> int:
+    from migrate.models.config import LlamaConfig
+    from migrate.plan import plan, print_plan
+    from migrate.ui import console
+
+    result = plan(LlamaConfig.load(args.model), args.devices, parse_size(args.device_memory), args.seq_length,
+                  args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard)
+    print_plan(result, console(), max_rows=args.top)
+    return 0 if result.valid else 1
+
+
 def register(sub) -> None:
     data = sub.add_parser("data", help="prepare training data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -71,6 +118,28 @@ def register(sub) -> None:
     p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_data_tokenize)
+
+    p = sub.add_parser("train", help="continue pretraining the converted model on MindSpore")
+    p.add_argument("--config", required=True, help="run.yaml (shared with golden/train_torch.py)")
+    p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
+    p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
+    p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("hparams", help="both sides' effective hyperparameters; exit 1 on any difference")
+    p.add_argument("config", help="run.yaml")
+    p.set_defaults(func=_cmd_hparams)
+
+    p = sub.add_parser("plan", help="per-device memory estimate and a ranked list of parallel layouts that fit")
+    p.add_argument("--model", required=True, help="a converted MindSpore folder (its model.yaml) or a model.yaml")
+    p.add_argument("--devices", type=int, required=True)
+    p.add_argument("--device-memory", required=True, help="per device, e.g. 64GB or 64GiB")
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    p.add_argument("--no-optimizer-shard", action="store_true", help="keep optimizer states whole on every dp rank")
+    p.add_argument("--top", type=int, default=20, help="layouts to list")
+    p.set_defaults(func=_cmd_plan)
 
     km = sub.add_parser("keymap", help="work with keymaps")
     km_sub = km.add_subparsers(dest="keymap_command", required=True)

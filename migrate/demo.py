@@ -95,7 +95,12 @@ def main() -> int:
     console().print(table)
     console().print(f"tolerance: logits max abs ≤ {TOLERANCE:g}, loss rel ≤ 1e-6 · outputs in {DEMO_DIR}/ · "
                     f"{time.perf_counter() - started:.1f}s")
-    return 0 if all(r["passed"] for r in rows) else 1
+
+    from migrate.demo_train import run as continue_pretraining
+
+    console().rule("continued pretraining: golden PyTorch vs MindSpore, same run.yaml")
+    trained = continue_pretraining(DEMO_DIR / "pretrain", console())
+    return 0 if all(r["passed"] for r in rows) and trained else 1
 
 
 if __name__ == "__main__":

@@ -50,3 +50,16 @@ def test_compare_cli_exit_codes(tmp_path, capsys):
     assert main(["compare", str(golden), str(shifted)]) == 1
     assert "lr" in capsys.readouterr().out
     assert main(["compare", str(golden), str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_plan_cli_prints_layouts_and_assumptions(tmp_path, capsys):
+    (tmp_path / "model.yaml").write_text(
+        "vocab_size: 32000\nhidden_size: 4096\nintermediate_size: 11008\nnum_layers: 32\n"
+        "num_heads: 32\nn_kv_heads: 32\nseq_length: 4096\n")
+    assert main(["plan", "--model", str(tmp_path), "--devices", "8", "--device-memory", "64GiB",
+                 "--seq-length", "4096", "--global-batch", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "6.74B params · 8 devices × 64 GiB" in out and "assumptions:" in out and "16 B/param" in out
+    assert main(["plan", "--model", str(tmp_path), "--devices", "8", "--device-memory", "lots",
+                 "--seq-length", "4096", "--global-batch", "512"]) == 2
+    assert "not a memory size: 'lots'" in capsys.readouterr().err
