@@ -5,6 +5,8 @@ main parser by `migrate.cli`.
 """
 from __future__ import annotations
 
+from migrate.errors import MigrateError
+
 
 def _cmd_data_tokenize(args) -> int:
     from migrate.data.tokenize import tokenize_corpus
