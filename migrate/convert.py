@@ -1,13 +1,19 @@
 """`migrate convert`: HF checkpoint folder -> MindSpore checkpoint folder.
 
 Driven entirely by a keymap. Coverage is checked against the bundled model's
-own parameters before any data moves, tensors stream one at a time, and the
-output folder appears under its final name only when complete.
+own parameter shapes (read from a model built without parameter data) before
+any data moves; then every tensor streams from the source files to the output
+files in bounded chunks, reading and writing overlapped (`checkpoints.stream`),
+so peak memory does not grow with tensor, shard or model size. Output above
+the shard size is split into shards with an index (`checkpoints.sharding`).
+The output folder appears under its final name only when complete.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,29 +23,34 @@ from typing import Callable
 import numpy as np
 
 from migrate import __version__
+from migrate.checkpoints import stream
 from migrate.checkpoints.atomic import atomic_output_dir
-from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, SAFETENSORS_TO_NUMPY, cast, short_name
+from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, SAFETENSORS_TO_NUMPY, cast_into, is_float, short_name
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
+from migrate.checkpoints.sharding import (
+    DEFAULT_MAX_SHARD, PROTOBUF_LIMIT, ShardedWriter, human, index_name, parse_size, plan_shards,
+)
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import Keymap
 from migrate.models.config import LlamaConfig
-from migrate.models.registry import MODEL_CLASS_FIELD, build_model, parameter_shapes
+from migrate.models.registry import MODEL_CLASS_FIELD, parameter_shapes
 from migrate.sidecar import copy_sidecars
 
-FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}
+FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-file names
 
 
 @dataclass
 class ConversionResult:
     out_dir: Path
-    checkpoint: Path
+    checkpoint: Path                 # the checkpoint file, or the index of a sharded one
     config: LlamaConfig
     tensors: int = 0
     parameters: int = 0
-    bytes_written: int = 0
+    bytes_written: int = 0           # tensor bytes
     seconds: float = 0.0
     records: list[dict] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # every checkpoint data file
 
 
 def convert(
@@ -50,11 +61,26 @@ def convert(
     dtype: str = "keep",
     overwrite: bool = False,
     on_tensor: Callable[[str, int, int], None] | None = None,
+    max_shard_size: int | str | None = None,
+    crc: bool = False,
+    hash_sources: bool = True,
 ) -> ConversionResult:
+    """Convert; `max_shard_size` (bytes or "1.9GB"-style) defaults to 1.9GB for .ckpt
+    and to one file for safetensors; `crc` appends MindSpore's CRC32 trailer to each
+    .ckpt file (checked by `mindspore.load_checkpoint(crc_check=True)` and by our reader).
+    `hash_sources=False` leaves the sha256 of the source files out of conversion.json:
+    hashing runs beside the copy but costs about 0.9 CPU-seconds per GB."""
     started = time.perf_counter()
     src, out = Path(src_dir), Path(out_dir)
     if fmt not in FORMATS:
         raise MigrateError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    max_shard = DEFAULT_MAX_SHARD[fmt] if max_shard_size is None else max_shard_size
+    max_bytes = parse_size(max_shard) if max_shard is not None else None
+    if fmt == "ckpt" and max_bytes > PROTOBUF_LIMIT:
+        raise MigrateError(
+            f"--max-shard-size {max_shard} is over 2 GiB: mindspore.load_checkpoint parses a .ckpt file as one "
+            "protobuf message, which protobuf caps at 2 GiB; choose a smaller size or --format safetensors"
+        )
     if dtype != "keep" and dtype not in CLI_DTYPES:
         raise MigrateError(f"unknown dtype {dtype!r}; choose from keep, {', '.join(CLI_DTYPES)}")
     if not src.is_dir():
@@ -68,46 +94,68 @@ def convert(
     km.check_source(read_raw_config(src))
     ms_fields = km.hf_to_ms_config(load_hf_config(src))
     ckpt = open_hf_checkpoint(src)
+    try:
+        return _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc,
+                        hash_sources, started)
+    finally:
+        ckpt.close()
 
+
+def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc, hash_sources,
+             started):
     out_dtype = _choose_dtype(ckpt, dtype)
     ms_fields["compute_dtype"] = COMPUTE_DTYPE[out_dtype]
     ms_fields[MODEL_CLASS_FIELD] = km.target
     config = LlamaConfig.from_dict(ms_fields)
-    expected = parameter_shapes(build_model(config))
+    expected = _expected_shapes(config)
 
     pairs, tied = km.pairs(config.to_dict())
     _check_coverage(ckpt, pairs, tied, km.ignored(config.to_dict()), expected)
 
+    position = {name: i for i, name in enumerate(expected)}
+    ordered = sorted(pairs, key=lambda p: position.get(p.dst, len(position)))
+    jobs = [_job(ckpt, pair, out_dtype, kernel_copy=not crc) for pair in ordered]
+    shards = _plan(jobs, fmt, max_bytes, crc)
+
     result = ConversionResult(out, out / FORMATS[fmt], config)
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        position = {name: i for i, name in enumerate(expected)}
-        ordered = sorted(pairs, key=lambda p: position.get(p.dst, len(position)))
-        writer = _open_writer(fmt, tmp / FORMATS[fmt], ordered, ckpt, out_dtype, expected)
-        with writer:
-            for i, pair in enumerate(ordered):
-                array = cast(ckpt.read(pair.src), out_dtype)
-                writer.write(pair.dst, array)
-                result.tensors += 1
-                result.parameters += int(array.size)
-                result.bytes_written += int(array.nbytes)
-                result.records.append({
-                    "source": pair.src, "target": pair.dst, "shape": list(array.shape),
-                    "source_dtype": short_name(SAFETENSORS_TO_NUMPY[ckpt.specs[pair.src].dtype]),
-                    "dtype": short_name(array.dtype),
-                })
-                if on_tensor:
-                    on_tensor(pair.dst, i + 1, len(ordered))
-        tied_records = _check_tied(ckpt, tied)
+        tied_records = _check_tied(ckpt, tied)  # before the long part: fail fast
+        hasher = _SourceHasher(_source_files(src, ckpt), enabled=hash_sources)  # beside the conversion
+        source_of = {pair.dst: pair.src for pair in ordered}
+        writer = ShardedWriter(tmp, fmt, shards, _writer_factory(fmt, jobs, crc),
+                               {"producer": f"migrate {__version__}"})
+
+        def done(job):
+            result.tensors += 1
+            result.parameters += job.size
+            result.bytes_written += job.size * job.dtype.itemsize
+            result.records.append({
+                "source": source_of[job.name], "target": job.name, "shape": list(job.shape),
+                "source_dtype": short_name(job.src_dtype), "dtype": short_name(job.dtype),
+            })
+            if on_tensor:
+                on_tensor(job.name, result.tensors, len(jobs))
+
+        try:
+            with writer:
+                stream.run(jobs, writer, on_done=done)
+        except BaseException:
+            hasher.cancel()
+            raise
+        sources = hasher.result()
+        result.files = [out / name for name in writer.files]
+        if len(writer.files) > 1:
+            result.checkpoint = out / index_name(fmt)
         config.save(tmp / "model.yaml")
         sidecars = copy_sidecars(src, tmp)
-        result.seconds = time.perf_counter() - started
         manifest = {
             "tool": f"migrate {__version__}",
             "keymap": {"name": km.name, "version": km.version, "file": km.path.name},
             "target": km.target,
             "format": fmt,
             "dtype": short_name(out_dtype),
-            "sources": [_file_record(p) for p in _source_files(src, ckpt)],
+            "files": writer.files,
+            "sources": sources,
             "tensors": result.records,
             "tied": tied_records,
             "ignored": sorted(n for n in ckpt.specs if n in km.ignored(config.to_dict())),
@@ -115,9 +163,65 @@ def convert(
             "copied": sidecars,
         }
         (tmp / "conversion.json").write_text(json.dumps(manifest, indent=2))
-    ckpt.close()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the bundled model, built without allocating
+    its parameters (building it normally would allocate and initialise the whole model)."""
+    from migrate.models.loading import build_lazy_model
+
+    return parameter_shapes(build_lazy_model(config))
+
+
+def _job(ckpt, pair, out_dtype, kernel_copy: bool) -> stream.Job:
+    spec = ckpt.specs[pair.src]
+    src_dtype = spec.numpy_dtype
+    dtype = out_dtype if is_float(src_dtype) else src_dtype  # integer tensors keep their dtype
+    name = pair.src
+    return stream.Job(
+        pair.dst, tuple(spec.shape), src_dtype, dtype,
+        read_into=lambda start, buffer: ckpt.read_into(name, start, buffer),
+        cast=cast_into if dtype != src_dtype else None,
+        # Unchanged bytes lying in a file go file to file in the kernel; with a CRC to
+        # compute they must pass through memory, and then reading and writing overlap.
+        source=ckpt.source(name) if kernel_copy and dtype == src_dtype else None,
+    )
+
+
+def _plan(jobs, fmt, max_bytes, crc) -> list[list[str]]:
+    if fmt == "ckpt":
+        from migrate.checkpoints.ms_ckpt import CRC_TRAILER, record_bytes
+
+        sizes = [(job.name, record_bytes(job.name, job.dtype, job.shape)) for job in jobs]
+        shards = plan_shards(sizes, max_bytes, fixed=CRC_TRAILER if crc else 0)
+        size_of = dict(sizes)
+        for shard in shards:
+            if len(shard) == 1 and size_of[shard[0]] > PROTOBUF_LIMIT:
+                raise MigrateError(
+                    f"tensor {shard[0]} alone needs {human(size_of[shard[0]])}, over the 2 GiB protobuf limit "
+                    "of one .ckpt file that mindspore.load_checkpoint can parse; use --format safetensors"
+                )
+        return shards
+    return plan_shards([(job.name, job.size * job.dtype.itemsize) for job in jobs], max_bytes)
+
+
+def _writer_factory(fmt, jobs, crc):
+    metadata = {"format": "ms", "producer": f"migrate {__version__}"}
+    by_name = {job.name: job for job in jobs}
+
+    def open_writer(path, names):
+        if fmt == "ckpt":
+            from migrate.checkpoints.ms_ckpt import CkptWriter
+
+            return CkptWriter(path, crc=crc)
+        from migrate.checkpoints.ms_safetensors import SafetensorsWriter
+
+        specs = [(name, by_name[name].dtype, by_name[name].shape) for name in names]
+        return SafetensorsWriter(path, specs, metadata=metadata)
+
+    return open_writer
 
 
 def _choose_dtype(ckpt, dtype: str) -> np.dtype:
@@ -126,7 +230,7 @@ def _choose_dtype(ckpt, dtype: str) -> np.dtype:
     floats = Counter(
         SAFETENSORS_TO_NUMPY[s.dtype] for s in ckpt.specs.values()
         if SAFETENSORS_TO_NUMPY.get(s.dtype) in COMPUTE_DTYPE
-    )
+    )  # (dtypes outside the table fail later, naming the tensor)
     if not floats:
         raise MigrateError("checkpoint holds no fp32/fp16/bf16 tensors")
     if len(floats) > 1:
@@ -156,33 +260,32 @@ def _check_coverage(ckpt, pairs, tied, ignored, expected) -> None:
 
 
 def _check_tied(ckpt, tied) -> list[dict]:
-    """A tied weight present in the file must equal the weight it is tied to."""
+    """A tied weight present in the file must equal the weight it is tied to
+    (compared chunk by chunk, so neither is ever whole in memory)."""
     records = []
     for pair in tied:
         record = {"source": pair.src, "tied_to": pair.tied_to, "present_in_source": pair.src in ckpt.specs}
-        if pair.src in ckpt.specs:
-            if not np.array_equal(ckpt.read(pair.src).view(np.uint8), ckpt.read(pair.tied_to).view(np.uint8)):
-                raise MigrateError(
-                    f"config ties {pair.src} to {pair.tied_to} but the checkpoint holds different values; "
-                    "set tie_word_embeddings to false in config.json"
-                )
+        if pair.src in ckpt.specs and not _same_bytes(ckpt, pair.src, pair.tied_to):
+            raise MigrateError(
+                f"config ties {pair.src} to {pair.tied_to} but the checkpoint holds different values; "
+                "set tie_word_embeddings to false in config.json"
+            )
         records.append(record)
     return records
 
 
-def _open_writer(fmt, path, ordered, ckpt, out_dtype, expected):
-    if fmt == "ckpt":
-        from migrate.checkpoints.ms_ckpt import CkptWriter
-
-        return CkptWriter(path)
-    from migrate.checkpoints.ms_safetensors import SafetensorsWriter
-
-    specs = []
-    for pair in ordered:
-        src_dtype = SAFETENSORS_TO_NUMPY[ckpt.specs[pair.src].dtype]
-        dtype = out_dtype if src_dtype in COMPUTE_DTYPE else src_dtype
-        specs.append((pair.dst, dtype, expected[pair.dst]))
-    return SafetensorsWriter(path, specs, metadata={"format": "ms", "producer": f"migrate {__version__}"})
+def _same_bytes(ckpt, a: str, b: str, chunk: int = stream.CHUNK_BYTES) -> bool:
+    spec_a, spec_b = ckpt.specs[a], ckpt.specs[b]
+    if spec_a.dtype != spec_b.dtype or tuple(spec_a.shape) != tuple(spec_b.shape):
+        return False
+    buf_a, buf_b = np.empty(min(chunk, spec_a.nbytes), np.uint8), np.empty(min(chunk, spec_a.nbytes), np.uint8)
+    for start in range(0, spec_a.nbytes, chunk):
+        n = min(chunk, spec_a.nbytes - start)
+        ckpt.read_into(a, start, buf_a[:n])
+        ckpt.read_into(b, start, buf_b[:n])
+        if not np.array_equal(buf_a[:n], buf_b[:n]):
+            return False
+    return True
 
 
 def _source_files(src: Path, ckpt) -> list[Path]:
@@ -190,9 +293,57 @@ def _source_files(src: Path, ckpt) -> list[Path]:
     return [p for p in extra if p.is_file()] + list(ckpt.files)
 
 
-def _file_record(path: Path) -> dict:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return {"file": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+class _SourceHasher:
+    """sha256 of every source file for conversion.json, computed beside the
+    conversion on threads of their own (hashlib releases the GIL), one file per
+    thread at a time, each through one small buffer. sha256 runs at about
+    1.1 GB/s per core here, slower than the copy itself, so several files are
+    hashed at once when there are several."""
+
+    def __init__(self, files: list[Path], enabled: bool = True, workers: int | None = None,
+                 chunk: int = 1024 * 1024):
+        if workers is None:  # at least two (overlap beats idling even on two cores), at most eight
+            workers = max(2, min(8, (os.cpu_count() or 2) // 2))
+        self.files, self.chunk = list(files), chunk
+        if not enabled:
+            workers = 0
+        self.records: dict[Path, dict] = {}
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self._todo = list(reversed(self.files)) if enabled else []  # list.pop is atomic under the GIL
+        self.threads = [threading.Thread(target=self._run, name=f"migrate-sha256-{i}", daemon=True)
+                        for i in range(min(workers, len(self.files)))]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self) -> None:
+        try:
+            buffer = bytearray(self.chunk)
+            view = memoryview(buffer)
+            while not self.stop.is_set():
+                try:
+                    path = self._todo.pop()
+                except IndexError:
+                    return
+                digest = hashlib.sha256()
+                with open(path, "rb", buffering=0) as fh:
+                    while (n := fh.readinto(view)) and not self.stop.is_set():
+                        digest.update(view[:n])
+                self.records[path] = {"file": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+        except BaseException as exc:
+            self.error = exc
+            self.stop.set()
+
+    def cancel(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def result(self) -> list[dict]:
+        """The records, in the order of the files, once every file is hashed."""
+        for thread in self.threads:
+            thread.join()
+        if self.error is not None:
+            raise MigrateError(f"cannot hash source files: {self.error}")
+        return [self.records.get(path) or {"file": path.name, "bytes": path.stat().st_size, "sha256": None}
+                for path in self.files]

@@ -6,14 +6,14 @@ from pathlib import Path
 import numpy as np
 
 from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, short_name
-from migrate.checkpoints.ms_reader import open_ms_checkpoint
+from migrate.checkpoints.ms_reader import is_ms_checkpoint_dir, open_ms_checkpoint
 from migrate.errors import MigrateError
 
 
 def inspect_checkpoint(path: str | Path) -> list[tuple[str, str, tuple[int, ...]]]:
     """(name, dtype, shape) for every tensor of a MindSpore checkpoint or an HF folder."""
     path = Path(path)
-    if path.is_dir() and not any((path / n).is_file() for n in ("model.ckpt", "model.safetensors")):
+    if path.is_dir() and not is_ms_checkpoint_dir(path):
         from migrate.checkpoints.hf_reader import open_hf_checkpoint
 
         ckpt = open_hf_checkpoint(path)

@@ -1,6 +1,8 @@
 """CkptWriter / iter_ckpt / read_ckpt_specs against MindSpore's own save and load."""
 from __future__ import annotations
 
+import os
+
 import mindspore as ms
 import mindspore.train.serialization as ms_serialization
 import numpy as np
@@ -202,3 +204,194 @@ def test_iter_is_lazy(tmp_path):
     assert name == "a" and np.array_equal(array, np.arange(6, dtype=np.float32))
     with pytest.raises(MigrateError, match="corrupt or truncated"):
         next(tensors)
+
+
+# ---------------------------------------------------------------- streaming, kernel copy, shards
+def stream_ours(path, tensors, chunk, crc=False):
+    """Each tensor fed to `open_tensor` in byte chunks of `chunk` (cut anywhere, even mid-element)."""
+    with CkptWriter(path, crc=crc) as writer:
+        for name, array in tensors.items():
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            with writer.open_tensor(name, array.dtype, array.shape) as stream:
+                for start in range(0, raw.size, chunk):
+                    stream.write(raw[start:start + chunk])
+    return path
+
+
+def float_tensors():
+    rng = np.random.default_rng(2)
+    return {
+        "w32": rng.standard_normal((100, 37)).astype(np.float32),              # 14800 B
+        "w16": rng.standard_normal((3000,)).astype(np.float16),                # 6000 B
+        "wbf": np.arange(5000, dtype=np.uint16).view(bfloat16).reshape(50, 100),  # 10000 B, odd bit patterns
+        "exact": rng.standard_normal(2048).astype(np.float32),                  # 8192 B: 2 whole pieces
+        "scalar": np.array(1.5, np.float32),
+        "small": np.ones(3, np.float16),
+    }
+
+
+@pytest.mark.parametrize("crc", [False, True])
+@pytest.mark.parametrize("chunk", [1, 333, 4096, 1 << 20])
+def test_streamed_chunks_match_save_checkpoint(tmp_path, monkeypatch, crc, chunk):
+    monkeypatch.setattr(ms_ckpt, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(ms_serialization, "SLICE_SIZE", 4)
+    tensors = float_tensors()
+    ms.save_checkpoint(dict(tensors), str(tmp_path / "ms.ckpt"), crc_check=crc)
+    stream_ours(tmp_path / "ours.ckpt", tensors, chunk, crc)
+    assert (tmp_path / "ours.ckpt").read_bytes() == (tmp_path / "ms.ckpt").read_bytes()
+    assert_same(ms_load(tmp_path / "ours.ckpt", crc), tensors)
+
+
+def test_record_bytes_is_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(ms_ckpt, "PIECE_BYTES", 4096)
+    for name, array in {**float_tensors(), **sample_tensors()}.items():
+        path = write_ours(tmp_path / "one.ckpt", {name: array})
+        assert ms_ckpt.record_bytes(name, array.dtype, array.shape) == path.stat().st_size, name
+    path = write_ours(tmp_path / "all.ckpt", float_tensors(), crc=True)
+    with CkptWriter(tmp_path / "again.ckpt", crc=True) as writer:
+        for name, array in float_tensors().items():
+            writer.write(name, array)
+    assert writer.bytes_written == path.stat().st_size
+
+
+@pytest.mark.parametrize("pieces", [False, True])
+def test_kernel_copy_matches_save_checkpoint(tmp_path, monkeypatch, pieces):
+    if pieces:
+        monkeypatch.setattr(ms_ckpt, "PIECE_BYTES", 4096)
+        monkeypatch.setattr(ms_serialization, "SLICE_SIZE", 4)
+    tensors = float_tensors()
+    # A source file holding the raw bytes at odd offsets, as a safetensors shard would.
+    source, offsets, blob = tmp_path / "source.bin", {}, bytearray(b"x" * 7)
+    for name, array in tensors.items():
+        offsets[name] = len(blob)
+        blob += array.tobytes() + b"pad"
+    source.write_bytes(bytes(blob))
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        with CkptWriter(tmp_path / "ours.ckpt") as writer:
+            for name, array in tensors.items():
+                with writer.open_tensor(name, array.dtype, array.shape) as stream:
+                    assert stream.copy_from(fd, offsets[name])
+        with CkptWriter(tmp_path / "crc.ckpt", crc=True) as writer:  # a CRC needs the bytes: refused
+            stream = writer.open_tensor("w32", np.float32, (100, 37))
+            assert not stream.copy_from(fd, offsets["w32"])
+            stream.write(tensors["w32"].reshape(-1).view(np.uint8))
+            stream.close()
+    finally:
+        os.close(fd)
+    ms.save_checkpoint(dict(tensors), str(tmp_path / "ms.ckpt"))
+    assert (tmp_path / "ours.ckpt").read_bytes() == (tmp_path / "ms.ckpt").read_bytes()
+    assert_same(ms_load(tmp_path / "crc.ckpt", crc=True), {"w32": tensors["w32"]})
+
+
+def test_stream_checks_sizes(tmp_path):
+    with pytest.raises(MigrateError, match="more than its 8 bytes"):
+        with CkptWriter(tmp_path / "a.ckpt") as writer:
+            writer.open_tensor("a", np.float32, (2,)).write(b"x" * 12)
+    assert not (tmp_path / "a.ckpt").exists()
+    with pytest.raises(MigrateError, match="got 4 of its 8 bytes"):
+        with CkptWriter(tmp_path / "b.ckpt") as writer:
+            with writer.open_tensor("a", np.float32, (2,)) as stream:
+                stream.write(b"x" * 4)
+    assert not (tmp_path / "b.ckpt").exists()
+    writer = CkptWriter(tmp_path / "c.ckpt")
+    writer.open_tensor("a", np.float32, (2,)).write(b"x" * 4)
+    with pytest.raises(MigrateError, match="left incomplete"):
+        writer.close()
+    assert not (tmp_path / "c.ckpt").exists()
+
+
+def test_parse_size():
+    from migrate.checkpoints.sharding import parse_size
+
+    assert parse_size("1.9GB") == 1_900_000_000
+    assert parse_size("2GiB") == 2**31
+    assert parse_size("500MB") == 500_000_000
+    assert parse_size("64kib") == 65536
+    assert parse_size("4096") == 4096 and parse_size(4096) == 4096 and parse_size("10 B") == 10
+    for bad in ("", "GB", "1.9 parsecs", "-1GB", "0", 0):
+        with pytest.raises(MigrateError):
+            parse_size(bad)
+
+
+def test_plan_shards():
+    from migrate.checkpoints.sharding import plan_shards
+
+    sizes = [("a", 40), ("b", 40), ("c", 30), ("big", 500), ("d", 10)]
+    assert plan_shards(sizes, 100) == [["a", "b"], ["c"], ["big"], ["d"]]
+    assert plan_shards(sizes, 100, fixed=20) == [["a", "b"], ["c"], ["big"], ["d"]]
+    assert plan_shards(sizes, 110) == [["a", "b", "c"], ["big"], ["d"]]
+    assert plan_shards(sizes, None) == [["a", "b", "c", "big", "d"]]
+
+
+def write_sharded(folder, tensors, max_bytes, crc=False):
+    from migrate.checkpoints.sharding import ShardedWriter, plan_shards
+
+    sizes = [(n, ms_ckpt.record_bytes(n, a.dtype, a.shape)) for n, a in tensors.items()]
+    shards = plan_shards(sizes, max_bytes, fixed=ms_ckpt.CRC_TRAILER if crc else 0)
+    with ShardedWriter(folder, "ckpt", shards, lambda path, names: CkptWriter(path, crc=crc), {"producer": "t"}) as w:
+        for name, array in tensors.items():
+            with w.open_tensor(name, array.dtype, array.shape) as stream:
+                stream.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return w
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_sharded_ckpt_and_index(tmp_path, crc):
+    import json
+
+    from migrate.checkpoints.ms_reader import open_ms_checkpoint
+
+    tensors = float_tensors()
+    writer = write_sharded(tmp_path, tensors, 16000, crc)
+    files = sorted(p.name for p in tmp_path.glob("*.ckpt"))
+    assert files == writer.files and len(files) >= 3
+    assert files[0] == f"model-00001-of-{len(files):05d}.ckpt"
+    assert all((tmp_path / f).stat().st_size <= 16000 for f in files if len(writer.shards[files.index(f)]) > 1)
+    index = json.loads((tmp_path / "model.ckpt.index.json").read_text())
+    assert index["metadata"]["format"] == "ckpt"
+    assert index["metadata"]["total_size"] == sum(a.nbytes for a in tensors.values())
+    assert set(index["weight_map"]) == set(tensors) and set(index["weight_map"].values()) == set(files)
+    merged = {}
+    for file in files:  # every shard is a checkpoint MindSpore reads on its own
+        part = ms_load(tmp_path / file, crc)
+        assert set(part) == {n for n, f in index["weight_map"].items() if f == file}
+        merged.update(part)
+    assert_same({n: merged[n] for n in tensors}, tensors)
+    ckpt = open_ms_checkpoint(tmp_path)  # the folder, through the index
+    assert ckpt.sharded and ckpt.format == "ckpt" and list(ckpt.specs) == list(tensors)
+    assert_same(dict(ckpt.tensors()), tensors)
+    assert open_ms_checkpoint(tmp_path / "model.ckpt.index.json").specs == ckpt.specs
+
+
+def test_one_shard_is_a_plain_model_ckpt(tmp_path):
+    writer = write_sharded(tmp_path, float_tensors(), None)
+    assert writer.files == ["model.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+
+
+def test_bad_index_is_refused(tmp_path):
+    import json
+
+    from migrate.checkpoints.ms_reader import open_ms_checkpoint
+
+    write_sharded(tmp_path, float_tensors(), 16000)
+    index_path = tmp_path / "model.ckpt.index.json"
+    good = json.loads(index_path.read_text())
+
+    def refused(index, match):
+        index_path.write_text(json.dumps(index) if not isinstance(index, str) else index)
+        with pytest.raises(MigrateError, match=match):
+            open_ms_checkpoint(tmp_path)
+
+    name = next(iter(good["weight_map"]))
+    (tmp_path.parent / "outside.ckpt").write_bytes(b"")
+    refused({**good, "weight_map": {**good["weight_map"], name: "../outside.ckpt"}}, "outside its folder")
+    refused({**good, "weight_map": {**good["weight_map"], name: "model-00099-of-00099.ckpt"}}, "missing shard")
+    files = list(good["weight_map"].values())
+    shared = next(n for n, f in good["weight_map"].items() if files.count(f) > 1)  # its file stays named
+    other = next(f for f in files if f != good["weight_map"][shared])
+    refused({**good, "weight_map": {**good["weight_map"], shared: other}}, "does not place there")
+    refused({**good, "weight_map": {**good["weight_map"], "ghost": other}}, "absent from their shards")
+    refused("{not json", "corrupt index")
+    refused({"weight_map": []}, "corrupt index")

@@ -163,3 +163,97 @@ def test_torch_bf16_round_trip(tmp_path):
     write_ours(tmp_path / "m.safetensors", {"w": array})
     with safe_open(str(tmp_path / "m.safetensors"), framework="pt") as handle:
         assert torch.equal(handle.get_tensor("w"), source)
+
+
+# ---------------------------------------------------------------- streaming writer, explicit-read reader
+def test_streamed_chunks_and_kernel_copy_equal_write(tmp_path):
+    import os
+
+    tensors = sample_tensors()
+    write_ours(tmp_path / "whole.safetensors", tensors)
+    with SafetensorsWriter(tmp_path / "chunks.safetensors", specs_of(tensors)) as writer:
+        for name, array in tensors.items():
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            with writer.open_tensor(name, array.dtype, array.shape) as stream:
+                for start in range(0, raw.size, 3):
+                    stream.write(raw[start:start + 3])
+    assert (tmp_path / "chunks.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"hdr" + b"".join(a.tobytes() for a in tensors.values()))
+    offsets, at = {}, 3
+    for name, array in tensors.items():
+        offsets[name], at = at, at + array.nbytes
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        with SafetensorsWriter(tmp_path / "copied.safetensors", specs_of(tensors)) as writer:
+            for name, array in tensors.items():
+                with writer.open_tensor(name, array.dtype, array.shape) as stream:
+                    assert stream.copy_from(fd, offsets[name])
+    finally:
+        os.close(fd)
+    assert (tmp_path / "copied.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+
+
+def test_stream_checks_sizes(tmp_path):
+    with pytest.raises(MigrateError, match="got 4 of its 8 bytes"):
+        with SafetensorsWriter(tmp_path / "m.safetensors", [("a", np.float32, (2,))]) as writer:
+            with writer.open_tensor("a", np.float32, (2,)) as stream:
+                stream.write(b"x" * 4)
+    assert not (tmp_path / "m.safetensors").exists()
+    writer = SafetensorsWriter(tmp_path / "m.safetensors", [("a", np.float32, (2,))])
+    writer.open_tensor("a", np.float32, (2,)).write(b"x" * 4)
+    with pytest.raises(MigrateError, match="never written, first a"):
+        writer.close()
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_reader_reads_save_file_output(tmp_path):
+    from migrate.checkpoints.safetensors_file import SafetensorsFile
+
+    tensors = sample_tensors()
+    save_file({k: to_torch(v) for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"),
+              metadata={"format": "pt"})
+    with SafetensorsFile(tmp_path / "ref.safetensors") as handle:
+        assert handle.metadata == {"format": "pt"}
+        assert_same({name: handle.read(name) for name in handle.entries}, tensors)
+        offsets = [e.offset for e in handle.entries.values()]
+        assert offsets == sorted(offsets)  # file order
+        w = tensors["layer.weight"].reshape(-1).view(np.uint8)
+        part = np.empty(50, np.uint8)
+        handle.read_into("layer.weight", 17, part)  # any byte range
+        assert part.tobytes() == w[17:67].tobytes()
+        with pytest.raises(MigrateError, match="past the end"):
+            handle.read_into("layer.weight", w.size - 10, part)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda d: d[:7], "shorter than"),
+    (lambda d: struct.pack("<Q", 10**12) + d[8:], "does not fit the file"),
+    (lambda d: d[:8] + b"[" + d[9:], "not JSON"),
+    (lambda d: d[:-1], "past the end of the file"),
+])
+def test_reader_refuses_corrupt_files(tmp_path, damage, match):
+    from migrate.checkpoints.safetensors_file import SafetensorsFile
+
+    data = write_ours(tmp_path / "m.safetensors", sample_tensors()).read_bytes()
+    (tmp_path / "bad.safetensors").write_bytes(damage(data))
+    with pytest.raises(MigrateError, match=f"corrupt safetensors file bad.safetensors: .*{match}"):
+        SafetensorsFile(tmp_path / "bad.safetensors")
+
+
+def test_reader_checks_sizes_and_overlaps(tmp_path):
+    from migrate.checkpoints.safetensors_file import SafetensorsFile
+
+    def file_with(header: dict, data: bytes = b"\0" * 16):
+        blob = json.dumps(header).encode()
+        (tmp_path / "h.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+        return tmp_path / "h.safetensors"
+
+    with pytest.raises(MigrateError, match="do not fit shape"):
+        SafetensorsFile(file_with({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}))
+    with pytest.raises(MigrateError, match="overlap"):
+        SafetensorsFile(file_with({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                   "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}))
+    with pytest.raises(MigrateError, match="bad header entry"):
+        SafetensorsFile(file_with({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}))

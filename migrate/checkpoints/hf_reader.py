@@ -3,18 +3,25 @@
 Layouts: `model.safetensors`, sharded safetensors with `model.safetensors.index.json`,
 `pytorch_model.bin`, sharded `.bin` with `pytorch_model.bin.index.json`. Only
 headers are read when the checkpoint is opened; `read(name)` materialises one
-tensor. `.bin` files load with `weights_only=True` and `mmap=True`, so even they
-are paged in one tensor at a time.
+tensor and `read_into(name, start, buffer)` copies any byte range of one, so a
+caller can stream a tensor through a small buffer.
+
+Memory: safetensors files are read with explicit reads (no memory map, see
+`safetensors_file`). `.bin` files load with `weights_only=True` and `mmap=True`;
+the pages a read touches are handed back right after their bytes are copied
+(`pages.drop_pages`), so neither layout accumulates resident memory. Old
+non-zip `.bin` files cannot be mapped and load whole.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from migrate.checkpoints.dtypes import torch_to_numpy
+from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_to_numpy
 from migrate.errors import MigrateError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -30,6 +37,17 @@ class TensorSpec:
     shape: tuple[int, ...]
     file: Path
 
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        dtype = SAFETENSORS_TO_NUMPY.get(self.dtype)
+        if dtype is None:
+            raise MigrateError(f"tensor {self.name}: dtype {self.dtype} is not supported")
+        return dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.numpy_dtype.itemsize
+
 
 class HFCheckpoint:
     """One HF checkpoint folder: tensor specs up front, data on demand."""
@@ -38,7 +56,7 @@ class HFCheckpoint:
         self.root = root
         self.files = files
         self.specs = specs
-        self._loaders = loaders  # file -> object with get_tensor(name)
+        self._loaders = loaders  # file -> object with read_into(name, start, out)
 
     @property
     def layout(self) -> str:
@@ -49,16 +67,32 @@ class HFCheckpoint:
         return list(self.specs)
 
     def read(self, name: str) -> np.ndarray:
+        """One whole tensor as a fresh array (bf16 as raw 16-bit data)."""
+        spec = self.specs[name]
+        array = np.empty(spec.shape, spec.numpy_dtype)
+        if array.nbytes:
+            self.read_into(name, 0, array.reshape(-1).view(np.uint8))
+        return array
+
+    def read_into(self, name: str, start: int, out) -> None:
+        """Copy bytes [start, start + len(out)) of tensor `name` (C order) into `out`."""
         spec = self.specs[name]
         try:
-            tensor = self._loaders[spec.file].get_tensor(name)
+            self._loaders[spec.file].read_into(name, start, out)
         except MigrateError:
             raise
         except Exception as exc:
             raise MigrateError(f"cannot read tensor {name} from {spec.file.name}: {_first_line(exc)}") from None
-        return torch_to_numpy(tensor)
+
+    def source(self, name: str) -> tuple[int, int] | None:
+        """(file descriptor, offset) where tensor `name`'s raw bytes lie contiguously
+        in a file, for a kernel file-to-file copy; None when they do not (.bin)."""
+        spec = self.specs[name]
+        return self._loaders[spec.file].source(name)
 
     def close(self) -> None:
+        for loader in self._loaders.values():
+            loader.close()
         self._loaders.clear()
 
     def __enter__(self):
@@ -129,21 +163,23 @@ def _assemble(root: Path, weight_map: dict[str, Path] | None, opener, single: Pa
 
 class _SafetensorsFile:
     def __init__(self, path: Path):
-        from safetensors import safe_open
+        from migrate.checkpoints.safetensors_file import SafetensorsFile
 
         self.path = path
-        try:
-            self._handle = safe_open(str(path), framework="pt")
-        except Exception as exc:
-            raise MigrateError(f"corrupt safetensors file {path.name}: {_first_line(exc)}") from None
+        self._file = SafetensorsFile(path)
 
     def specs(self):
-        for name in self._handle.keys():
-            sl = self._handle.get_slice(name)
-            yield name, sl.get_dtype(), tuple(sl.get_shape())
+        for entry in self._file.entries.values():
+            yield entry.name, entry.dtype, entry.shape
 
-    def get_tensor(self, name):
-        return self._handle.get_tensor(name)
+    def read_into(self, name, start, out):
+        self._file.read_into(name, start, out)
+
+    def source(self, name):
+        return self._file.source(name)
+
+    def close(self):
+        self._file.close()
 
 
 class _BinFile:
@@ -175,6 +211,10 @@ class _BinFile:
         if bad:
             raise MigrateError(f"{path.name} holds non-tensor entries: {', '.join(bad[:5])}")
         self._state = state
+        from migrate.checkpoints.pages import file_mappings
+
+        self._mappings = file_mappings(path)  # empty when the file could not be mapped
+        self._current = (None, None)          # (name, raw bytes) of the tensor being read
 
     def specs(self):
         from migrate.checkpoints.dtypes import torch_dtype_name
@@ -182,8 +222,34 @@ class _BinFile:
         for name, tensor in self._state.items():
             yield name, torch_dtype_name(tensor.dtype), tuple(tensor.shape)
 
-    def get_tensor(self, name):
-        return self._state[name]
+    def source(self, name):
+        return None
+
+    def _raw(self, name) -> np.ndarray:
+        if self._current[0] != name:
+            # A view into the mapping for contiguous tensors (the usual case); a copy otherwise.
+            self._current = (name, torch_to_numpy(self._state[name]).reshape(-1).view(np.uint8))
+        return self._current[1]
+
+    def read_into(self, name, start, out):
+        from migrate.checkpoints.pages import PAGE, drop_pages
+
+        raw = self._raw(name)
+        view = np.frombuffer(memoryview(out).cast("B"), np.uint8)
+        stop = start + view.size
+        if start < 0 or stop > raw.size:
+            raise MigrateError(f"read past the end of tensor {name}")
+        np.copyto(view, raw[start:stop])
+        if self._mappings:
+            # Include the page before `start`: its tail was copied by the previous read.
+            first = max(0, start - PAGE)
+            drop_pages(raw.ctypes.data + first, stop - first, self._mappings)
+        if stop == raw.size:
+            self._current = (None, None)
+
+    def close(self):
+        self._state = {}
+        self._current = (None, None)
 
 
 def _first_line(exc: BaseException) -> str:

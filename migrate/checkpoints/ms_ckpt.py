@@ -19,7 +19,7 @@ from __future__ import annotations
 import binascii
 import math
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -48,53 +48,104 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _piece_sizes(nbytes: int) -> list[int]:
+    # Unlike MindSpore, keep empty tensors: one record with empty content.
+    if nbytes == 0:
+        return [0]
+    return [min(PIECE_BYTES, nbytes - start) for start in range(0, nbytes, PIECE_BYTES)]
+
+
+def _record_heads(name: str, ms_type: str, shape) -> Callable[[int], bytes]:
+    dims = b"".join(b"\x08" + _varint(int(d)) for d in shape)
+    type_field = _field(2, ms_type.encode())
+    tag_field = _field(1, name.encode())
+
+    def head(piece: int) -> bytes:
+        tensor_head = dims + type_field + b"\x1a" + _varint(piece)
+        value_head = tag_field + b"\x12" + _varint(len(tensor_head) + piece)
+        return b"\x0a" + _varint(len(value_head) + len(tensor_head) + piece) + value_head + tensor_head
+
+    return head
+
+
+def _ms_type(name: str, dtype) -> str:
+    ms_type = NUMPY_TO_MS_TYPE.get(np.dtype(dtype))
+    if ms_type is None:
+        raise MigrateError(f"tensor {name}: dtype {np.dtype(dtype)} cannot be stored in a .ckpt")
+    return ms_type
+
+
+def record_bytes(name: str, dtype, shape) -> int:
+    """Exact number of bytes `CkptWriter` writes for this tensor (all its pieces)."""
+    head = _record_heads(name, _ms_type(name, dtype), shape)
+    nbytes = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+    return sum(len(head(piece)) + piece for piece in _piece_sizes(nbytes))
+
+
 class CkptWriter:
-    """Append tensors to a `.ckpt`, byte for byte what `save_checkpoint` writes."""
+    """Append tensors to a `.ckpt`, byte for byte what `save_checkpoint` writes.
+
+    `write(name, array)` takes a whole array; `open_tensor(name, dtype, shape)`
+    takes the same tensor as a stream of byte chunks of any size, so a tensor
+    never has to be in memory at once. With `crc=True` the CRC32 of every record
+    byte is updated as the bytes go out, and appended as MindSpore's trailer.
+    """
 
     def __init__(self, path, crc: bool = False):
         self.path = os.fspath(path)
         self._file = open(self.path, "wb")
         self._crc = 0 if crc else None
         self._names: set[str] = set()
+        self._open: _TensorStream | None = None
+        self.bytes_written = 0
 
-    def write(self, name: str, array: np.ndarray) -> None:
+    def open_tensor(self, name: str, dtype, shape) -> "_TensorStream":
         if self._file is None:
             raise MigrateError(f"{self.path}: write after close")
+        if self._open is not None:
+            raise MigrateError(f"{self.path}: tensor {self._open.name} is still being written")
         if name in self._names:
             # Consecutive records with one tag are pieces of one tensor to MindSpore.
             raise MigrateError(f"{self.path}: tensor {name} written twice")
+        head = _record_heads(name, _ms_type(name, dtype), shape)
+        self._names.add(name)
+        nbytes = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+        self._open = _TensorStream(self, name, head, nbytes)
+        return self._open
+
+    def write(self, name: str, array: np.ndarray) -> None:
         array = np.asarray(array)
-        ms_type = NUMPY_TO_MS_TYPE.get(array.dtype)
-        if ms_type is None:
-            raise MigrateError(f"tensor {name}: dtype {array.dtype} cannot be stored in a .ckpt")
+        stream = self.open_tensor(name, array.dtype, array.shape)
         if not array.flags.c_contiguous:
             array = np.array(array, order="C")
-        self._names.add(name)
-        data = array.reshape(-1).view(np.uint8)  # raw bytes, bf16 included; no copy
-        dims = b"".join(b"\x08" + _varint(d) for d in array.shape)
-        type_field = _field(2, ms_type.encode())
-        tag_field = _field(1, name.encode())
-        # Unlike MindSpore, keep empty tensors: one record with empty content.
-        for start in range(0, data.nbytes, PIECE_BYTES) if data.nbytes else [0]:
-            piece = data[start:start + PIECE_BYTES]
-            tensor_head = dims + type_field + b"\x1a" + _varint(piece.nbytes)
-            value_head = tag_field + b"\x12" + _varint(len(tensor_head) + piece.nbytes)
-            head = b"\x0a" + _varint(len(value_head) + len(tensor_head) + piece.nbytes)
-            self._emit(head + value_head + tensor_head)
-            self._emit(piece)
+        stream.write(array.reshape(-1).view(np.uint8))  # raw bytes, bf16 included; no copy
+        stream.close()
 
     def _emit(self, chunk) -> None:
         self._file.write(chunk)
+        self.bytes_written += len(chunk) if isinstance(chunk, bytes) else memoryview(chunk).nbytes
         if self._crc is not None:
-            self._crc = binascii.crc32(chunk, self._crc)
+            self._crc = binascii.crc32(chunk, self._crc)  # releases the GIL on large chunks
 
     def close(self) -> None:
         if self._file is None:
             return
+        if self._open is not None:
+            name = self._open.name
+            self._abort()
+            raise MigrateError(f"{self.path}: tensor {name} was left incomplete")
         if self._crc is not None:
             self._file.write(CRC_MARK + self._crc.to_bytes(10, "big"))
+            self.bytes_written += CRC_TRAILER
         self._file.close()
         self._file = None
+
+    def _abort(self) -> None:
+        # A half-written checkpoint can parse as a valid shorter one: remove it.
+        self._file.close()
+        self._file = None
+        self._open = None
+        os.remove(self.path)
 
     def __enter__(self):
         return self
@@ -103,10 +154,70 @@ class CkptWriter:
         if exc_type is None:
             self.close()
         elif self._file is not None:
-            # A half-written checkpoint can parse as a valid shorter one: remove it.
-            self._file.close()
-            self._file = None
-            os.remove(self.path)
+            self._abort()
+
+
+class _TensorStream:
+    """The records of one tensor, fed with byte chunks cut anywhere."""
+
+    def __init__(self, writer: CkptWriter, name: str, head, nbytes: int):
+        self.writer, self.name, self._head = writer, name, head
+        self.nbytes, self.written = nbytes, 0
+        self._left_in_piece = 0
+        if nbytes == 0:
+            writer._emit(head(0))
+
+    def write(self, chunk) -> None:
+        view = memoryview(chunk).cast("B")
+        if self.written + len(view) > self.nbytes:
+            raise MigrateError(f"{self.writer.path}: tensor {self.name} got more than its {self.nbytes} bytes")
+        while len(view):
+            if self._left_in_piece == 0:
+                self._left_in_piece = min(PIECE_BYTES, self.nbytes - self.written)
+                self.writer._emit(self._head(self._left_in_piece))
+            n = min(self._left_in_piece, len(view))
+            self.writer._emit(view[:n])
+            view = view[n:]
+            self._left_in_piece -= n
+            self.written += n
+
+    def copy_from(self, fd: int, offset: int) -> bool:
+        """All the tensor's bytes from file `fd` at `offset`, copied by the kernel;
+        False (nothing written) where that cannot be: with a CRC to compute, or
+        when the kernel refuses; the caller then writes the bytes itself."""
+        from migrate.checkpoints.stream import copy_file_range
+
+        if self.writer._crc is not None or self.written:
+            return False
+        for start in range(0, self.nbytes, PIECE_BYTES):
+            piece = min(PIECE_BYTES, self.nbytes - start)
+            head = self._head(piece)
+            if start == 0:
+                # Probe the kernel copy before the first header goes out, so a refusal writes nothing.
+                self.writer._file.write(head)
+                if not copy_file_range(fd, offset, self.writer._file, piece):
+                    self.writer._file.seek(-len(head), os.SEEK_CUR)
+                    self.writer._file.truncate()
+                    return False
+            else:
+                self.writer._file.write(head)
+                copy_file_range(fd, offset + start, self.writer._file, piece)
+            self.writer.bytes_written += len(head) + piece
+            self.written += piece
+        return True
+
+    def close(self) -> None:
+        if self.written != self.nbytes:
+            raise MigrateError(f"{self.writer.path}: tensor {self.name} got {self.written} "
+                               f"of its {self.nbytes} bytes")
+        self.writer._open = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
 
 
 class _Records:

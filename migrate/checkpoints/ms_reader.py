@@ -1,71 +1,120 @@
-"""Read a MindSpore checkpoint (`.ckpt` or safetensors) one tensor at a time."""
+"""Read a MindSpore checkpoint (`.ckpt` or safetensors, one file or sharded with
+an index) one tensor at a time.
+
+A checkpoint is named by a folder (holding `model.ckpt`, `model.safetensors`,
+`model.ckpt.index.json` or `model.safetensors.index.json`), by one of those
+files, or by any single `.ckpt` / `.safetensors` file. See `sharding` for the
+index format.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY, SAFETENSORS_TO_NUMPY, torch_to_numpy
+from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY
+from migrate.checkpoints.sharding import index_name, read_index, single_name
 from migrate.errors import MigrateError
 
-CHECKPOINT_NAMES = ("model.ckpt", "model.safetensors")
+# What a converted folder holds, in the order they are looked for.
+CHECKPOINT_NAMES = (index_name("ckpt"), single_name("ckpt"), index_name("safetensors"), single_name("safetensors"))
 
 
 @dataclass
 class MSCheckpoint:
-    path: Path
+    path: Path                                    # the file, or the index of a sharded checkpoint
     format: str                                   # "ckpt" | "safetensors"
-    specs: dict[str, tuple[np.dtype, tuple[int, ...]]]
+    specs: dict[str, tuple[np.dtype, tuple[int, ...]]]   # in reading order
+    files: list[Path] = field(default_factory=list)      # every data file, in reading order
+    locations: dict[str, Path] = field(default_factory=dict)  # tensor -> file
+
+    @property
+    def sharded(self) -> bool:
+        return len(self.files) > 1 or self.path.suffix == ".json"
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Every tensor, in file order, one at a time."""
-        if self.format == "ckpt":
-            from migrate.checkpoints.ms_ckpt import iter_ckpt
+        """Every tensor, in `specs` order, one at a time in memory."""
+        for file in self.files:
+            if self.format == "ckpt":
+                from migrate.checkpoints.ms_ckpt import iter_ckpt
 
-            yield from iter_ckpt(self.path)
-            return
-        from safetensors import safe_open
+                for name, array in iter_ckpt(file):
+                    if self.locations.get(name) != file:
+                        raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
+                    yield name, array
+            else:
+                from migrate.checkpoints.safetensors_file import SafetensorsFile
 
-        with safe_open(str(self.path), framework="pt") as handle:
-            for name in self.specs:
-                yield name, torch_to_numpy(handle.get_tensor(name))
+                with SafetensorsFile(file) as handle:
+                    for name in handle.entries:
+                        yield name, handle.read(name)
 
 
 def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint file, or index, that `path` names."""
     path = Path(path)
     if path.is_dir():
         for name in CHECKPOINT_NAMES:
             if (path / name).is_file():
                 return path / name
-        raise MigrateError(f"no {' or '.join(CHECKPOINT_NAMES)} in {path}")
+        raise MigrateError(f"no {', '.join(CHECKPOINT_NAMES)} in {path}")
     if not path.is_file():
         raise MigrateError(f"checkpoint not found: {path}")
     return path
 
 
-def open_ms_checkpoint(path: str | Path) -> MSCheckpoint:
+def is_ms_checkpoint_dir(path: str | Path) -> bool:
+    """True for a folder holding a MindSpore checkpoint this package wrote."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).is_file() for name in CHECKPOINT_NAMES)
+
+
+def checkpoint_files(path: str | Path) -> tuple[str, list[Path]]:
+    """(format, data files in reading order) of a checkpoint file, index or folder."""
     path = find_checkpoint(path)
-    if path.suffix == ".safetensors":
-        from safetensors import safe_open
+    if path.name.endswith(".index.json"):
+        fmt, locations = read_index(path)
+        return fmt, list(dict.fromkeys(sorted(locations.values())))
+    if path.suffix in (".ckpt", ".safetensors"):
+        return path.suffix[1:], [path]
+    raise MigrateError(f"not a MindSpore checkpoint (expected .ckpt, .safetensors or an index): {path}")
 
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                specs = {}
-                for name in handle.keys():
-                    sl = handle.get_slice(name)
-                    specs[name] = (SAFETENSORS_TO_NUMPY[sl.get_dtype()], tuple(sl.get_shape()))
-        except Exception as exc:
-            raise MigrateError(f"corrupt safetensors file {path.name}: {str(exc).splitlines()[0]}") from None
-        return MSCheckpoint(path, "safetensors", specs)
-    if path.suffix == ".ckpt":
-        from migrate.checkpoints.ms_ckpt import read_ckpt_specs
 
-        specs = {}
-        for name, ms_type, shape in read_ckpt_specs(path):
-            if ms_type not in MS_TYPE_TO_NUMPY:
-                raise MigrateError(f"{path.name}: tensor {name} has unsupported type {ms_type}")
-            specs[name] = (MS_TYPE_TO_NUMPY[ms_type], tuple(shape))
-        return MSCheckpoint(path, "ckpt", specs)
-    raise MigrateError(f"not a MindSpore checkpoint (expected .ckpt or .safetensors): {path}")
+def open_ms_checkpoint(path: str | Path) -> MSCheckpoint:
+    """Names, dtypes and shapes of every tensor, reading headers only."""
+    path = find_checkpoint(path)
+    fmt, files = checkpoint_files(path)
+    locations: dict[str, Path] = {}
+    specs: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    placed = read_index(path)[1] if path.name.endswith(".index.json") else None
+    for file in files:
+        for name, dtype, shape in _file_specs(file, fmt):
+            if placed is not None and placed.get(name) != file:
+                raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
+            if name in specs:
+                raise MigrateError(f"tensor {name} appears in both {locations[name].name} and {file.name}")
+            specs[name] = (dtype, shape)
+            locations[name] = file
+    if placed is not None:
+        absent = [n for n in placed if n not in specs]
+        if absent:
+            raise MigrateError(f"index names tensors absent from their shards: {', '.join(absent[:5])}")
+    return MSCheckpoint(path, fmt, specs, files, locations)
+
+
+def _file_specs(file: Path, fmt: str):
+    if fmt == "safetensors":
+        from migrate.checkpoints.safetensors_file import SafetensorsFile
+
+        with SafetensorsFile(file) as handle:
+            return [(e.name, e.numpy_dtype, e.shape) for e in handle.entries.values()]
+    from migrate.checkpoints.ms_ckpt import read_ckpt_specs
+
+    out = []
+    for name, ms_type, shape in read_ckpt_specs(file):
+        if ms_type not in MS_TYPE_TO_NUMPY:
+            raise MigrateError(f"{file.name}: tensor {name} has unsupported type {ms_type}")
+        out.append((name, MS_TYPE_TO_NUMPY[ms_type], tuple(shape)))
+    return out

@@ -5,7 +5,8 @@ Layout (https://github.com/huggingface/safetensors): u64 little-endian header
 length, JSON header padded with spaces to a multiple of 8, then one byte buffer
 that the tensors' `data_offsets` cover with no holes. Like `safetensors`' own
 `save_file`, tensors are laid out by decreasing item size, so every tensor is
-aligned for zero-copy loads; `write` seeks to each tensor's slot.
+aligned for zero-copy loads; `write` seeks to each tensor's slot, and
+`open_tensor` fills one slot from byte chunks, so no tensor has to be whole in memory.
 """
 from __future__ import annotations
 
@@ -45,32 +46,45 @@ class SafetensorsWriter:
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % 8)
         self._base = 8 + len(blob)
+        self.bytes_written = self._base + offset  # the file's final size
         self._next = 0
+        self._stream: _SlotStream | None = None
         self._file = open(self.path, "wb")
         self._file.write(struct.pack("<Q", len(blob)) + blob)
 
-    def write(self, name: str, array: np.ndarray) -> None:
+    def open_tensor(self, name: str, dtype, shape) -> "_SlotStream":
+        """Stream the next tensor's bytes in chunks of any size (see `write`)."""
         if self._file is None:
             raise MigrateError(f"{self.path}: write after close")
+        if self._stream is not None:
+            raise MigrateError(f"{self.path}: tensor {self._stream.name} is still being written")
         if self._next >= len(self._specs):
             raise MigrateError(f"{self.path}: tensor {name} is not in the specs (all specs written)")
-        want, dtype, shape = self._specs[self._next]
+        want, want_dtype, want_shape = self._specs[self._next]
         if name != want:
             raise MigrateError(f"{self.path}: expected tensor {want} next, got {name}")
+        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        if dtype != want_dtype or shape != want_shape:
+            raise MigrateError(f"tensor {name}: got {dtype}{list(shape)}, "
+                               f"specs say {want_dtype}{list(want_shape)}")
+        self._file.seek(self._base + self._offsets[name])
+        self._stream = _SlotStream(self, name, math.prod(shape) * dtype.itemsize)
+        return self._stream
+
+    def write(self, name: str, array: np.ndarray) -> None:
         array = np.asarray(array)
-        if array.dtype != dtype or array.shape != shape:
-            raise MigrateError(f"tensor {name}: got {array.dtype}{list(array.shape)}, "
-                               f"specs say {dtype}{list(shape)}")
+        stream = self.open_tensor(name, array.dtype, array.shape)
         if not array.flags.c_contiguous:
             array = np.array(array, order="C")
-        self._file.seek(self._base + self._offsets[name])
-        self._file.write(array.reshape(-1).view(np.uint8))  # raw bytes, bf16 included
-        self._next += 1
+        stream.write(array.reshape(-1).view(np.uint8))  # raw bytes, bf16 included
+        stream.close()
 
     def close(self) -> None:
         if self._file is None:
             return
         missing = [name for name, _, _ in self._specs[self._next:]]
+        if self._stream is not None:
+            missing = [self._stream.name] + missing
         if not missing:
             self._file.close()
             self._file = None
@@ -82,6 +96,7 @@ class SafetensorsWriter:
     def _abort(self) -> None:
         self._file.close()
         self._file = None
+        self._stream = None
         os.remove(self.path)
 
     def __enter__(self):
@@ -92,3 +107,41 @@ class SafetensorsWriter:
             self.close()
         elif self._file is not None:
             self._abort()
+
+
+class _SlotStream:
+    """One tensor's slot, filled front to back with byte chunks."""
+
+    def __init__(self, writer: SafetensorsWriter, name: str, nbytes: int):
+        self.writer, self.name, self.nbytes, self.written = writer, name, nbytes, 0
+
+    def write(self, chunk) -> None:
+        view = memoryview(chunk).cast("B")
+        if self.written + len(view) > self.nbytes:
+            raise MigrateError(f"{self.writer.path}: tensor {self.name} got more than its {self.nbytes} bytes")
+        self.writer._file.write(view)
+        self.written += len(view)
+
+    def copy_from(self, fd: int, offset: int) -> bool:
+        """All the slot's bytes from file `fd` at `offset`, copied by the kernel;
+        False (nothing written) where the kernel refuses."""
+        from migrate.checkpoints.stream import copy_file_range
+
+        if self.written or not copy_file_range(fd, offset, self.writer._file, self.nbytes):
+            return False
+        self.written = self.nbytes
+        return True
+
+    def close(self) -> None:
+        if self.written != self.nbytes:
+            raise MigrateError(f"{self.writer.path}: tensor {self.name} got {self.written} "
+                               f"of its {self.nbytes} bytes")
+        self.writer._stream = None
+        self.writer._next += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()

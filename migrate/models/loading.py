@@ -1,24 +1,69 @@
-"""Load a converted (or trained) MindSpore model folder into the bundled model."""
+"""Load a converted (or trained) MindSpore model folder into the bundled model.
+
+`load_model` builds the model without allocating its parameters
+(`lazy_parameters`), then streams the checkpoint into them one tensor at a
+time: peak memory is the model plus one tensor, where `mindspore.load_checkpoint`
++ `load_param_into_net` holds the whole checkpoint beside the whole model.
+Sharded checkpoints (see `migrate.checkpoints.sharding`) load the same way.
+"""
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import mindspore as ms
 
-from migrate.checkpoints.ms_reader import find_checkpoint
+from migrate.checkpoints.ms_reader import checkpoint_files, open_ms_checkpoint
 from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
 from migrate.models.registry import build_model
 
 
-def load_checkpoint_dict(path: str | Path) -> dict:
-    """`mindspore.load_checkpoint` of a .ckpt or .safetensors file."""
-    path = find_checkpoint(path)
-    fmt = "safetensors" if path.suffix == ".safetensors" else "ckpt"
+@contextmanager
+def lazy_parameters():
+    """Parameters created inside keep their initializer and allocate nothing until
+    set or first used: `mindspore.nn.utils.no_init_parameters` (deprecated in 2.10
+    but present), or, where it is gone, the class flag it sets."""
     try:
-        return ms.load_checkpoint(str(path), format=fmt)
-    except Exception as exc:
-        raise MigrateError(f"mindspore cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from mindspore.nn.utils import no_init_parameters
+    except ImportError:
+        no_init_parameters = None
+    if no_init_parameters is not None:
+        with no_init_parameters():
+            yield
+        return
+    previous = getattr(ms.Parameter, "init_param", True)
+    ms.Parameter.init_param = False
+    try:
+        yield
+    finally:
+        ms.Parameter.init_param = previous
+
+
+def build_lazy_model(config: LlamaConfig):
+    """The bundled model with shapes and dtypes but no parameter data."""
+    with lazy_parameters():
+        return build_model(config)
+
+
+def load_checkpoint_dict(path: str | Path) -> dict:
+    """`mindspore.load_checkpoint` of a .ckpt or .safetensors file, or of every shard
+    of a sharded checkpoint, merged into one dict (the whole checkpoint in memory)."""
+    fmt, files = checkpoint_files(path)
+    merged: dict = {}
+    for file in files:
+        try:
+            part = ms.load_checkpoint(str(file), format=fmt)
+        except Exception as exc:
+            raise MigrateError(f"mindspore cannot load {file}: {str(exc).strip().splitlines()[0]}") from None
+        twice = [name for name in part if name in merged]
+        if twice:
+            raise MigrateError(f"tensor {twice[0]} appears in more than one shard ({file.name})")
+        merged.update(part)
+    return merged
 
 
 def load_model(ms_dir: str | Path, compute_dtype: str | None = None):
@@ -27,17 +72,22 @@ def load_model(ms_dir: str | Path, compute_dtype: str | None = None):
     config = LlamaConfig.load(ms_dir / "model.yaml")
     if compute_dtype:
         config.compute_dtype = compute_dtype
-    model = build_model(config)
-    params = load_checkpoint_dict(ms_dir)
-    expected = {p.name: p for p in model.get_parameters()}
-    for name, value in params.items():
-        if name in expected and value.dtype != expected[name].dtype:
-            params[name] = ms.Parameter(value.astype(expected[name].dtype), name=name)
-    not_loaded, unused = ms.load_param_into_net(model, params, strict_load=True)
+    ckpt = open_ms_checkpoint(ms_dir)  # headers only: check the fit before reading any data
+    model = build_lazy_model(config)
+    params = {p.name: p for p in model.get_parameters()}
+    not_loaded = [name for name in params if name not in ckpt.specs]
+    unused = [name for name in ckpt.specs if name not in params]
     if not_loaded or unused:
         raise MigrateError(
             f"checkpoint does not fit the model: {len(not_loaded)} parameters not loaded "
             f"({', '.join(not_loaded[:5])}), {len(unused)} checkpoint entries unused ({', '.join(unused[:5])})"
         )
+    misshaped = [f"{name} {list(shape)} vs model {list(params[name].shape)}"
+                 for name, (_, shape) in ckpt.specs.items() if tuple(shape) != tuple(params[name].shape)]
+    if misshaped:
+        raise MigrateError(f"checkpoint does not fit the model: shapes differ: {'; '.join(misshaped[:5])}")
+    for name, array in ckpt.tensors():
+        # set_data casts to the parameter's dtype (e.g. a bf16 checkpoint into an fp32 model).
+        params[name].set_data(ms.Tensor(array))
     model.set_train(False)
     return model, config
