@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="HF checkpoint folder -> MindSpore checkpoint folder")
     p.add_argument("src_dir")
     p.add_argument("out_dir")
-    p.add_argument("--src", default="hf_llama", help="source family (a keymap name), default hf_llama")
+    p.add_argument("--src", default="hf_llama",
+                   help="source family (a keymap name: hf_llama, hf_qwen2, hf_mistral) or 'auto' from config.json")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--format", choices=["ckpt", "safetensors"], default="ckpt")
     p.add_argument("--dtype", choices=["keep", "fp32", "fp16", "bf16"], default="keep")
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="MindSpore checkpoint folder -> HF folder (inverse keymap)")
     p.add_argument("ms_dir")
     p.add_argument("out_dir")
-    p.add_argument("--src", default="hf_llama", help="family whose keymap converted the model")
+    p.add_argument("--src", help="family whose keymap converted the model (default: what conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_export)

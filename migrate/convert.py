@@ -32,7 +32,7 @@ from migrate.checkpoints.sharding import (
 )
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
-from migrate.keymap import Keymap
+from migrate.keymap import resolve
 from migrate.models.config import LlamaConfig
 from migrate.models.registry import MODEL_CLASS_FIELD, parameter_shapes
 from migrate.sidecar import copy_sidecars
@@ -90,8 +90,9 @@ def convert(
     if out.exists() and not overwrite:  # fail before any heavy work
         raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
 
-    km = Keymap.load(keymap)
-    km.check_source(read_raw_config(src))
+    raw_config = read_raw_config(src)
+    km = resolve(keymap, raw_config)  # a family name, "auto", or a keymap file checked against the registry
+    km.check_source(raw_config)
     ms_fields = km.hf_to_ms_config(load_hf_config(src))
     ckpt = open_hf_checkpoint(src)
     try:

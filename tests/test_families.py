@@ -71,3 +71,23 @@ def test_qwen2_keymap_names_q_k_v_biases_only():
     assert ms["qkv_has_bias"] is True and ms["out_proj_has_bias"] is False
     dst = {p.dst for p in km.pairs(ms)[0]}
     assert "model.layers.0.attention.wk.bias" in dst and "model.layers.0.attention.wo.bias" not in dst
+
+
+def test_src_auto_picks_the_family_and_names_known_ones(tmp_path, capsys):
+    import json
+
+    from migrate.cli import main
+
+    hf = build_family_model("hf_qwen2", seed=23)
+    src = save_hf_model(hf, tmp_path / "hf")
+    assert main(["convert", "--src", "auto", str(src), str(tmp_path / "ms")]) == 0
+    assert json.loads((tmp_path / "ms" / "conversion.json").read_text())["keymap"]["name"] == "hf_qwen2"
+    assert main(["export", str(tmp_path / "ms"), str(tmp_path / "back")]) == 0  # keymap from conversion.json
+
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
+    (src / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["convert", "--src", "auto", str(src), str(tmp_path / "ms2")]) == 2
+    err = capsys.readouterr().err
+    assert "no keymap knows 'GPTNeoXForCausalLM'" in err and "hf_qwen2 (Qwen2ForCausalLM)" in err
