@@ -1,0 +1,192 @@
+"""Training checkpoints of the MindSpore trainer: written atomically, resumed exactly.
+
+Layout (one folder per checkpoint under RUN/checkpoints, RUN being the run
+folder that holds metrics.jsonl):
+
+    RUN/checkpoints/checkpoint-<step>/
+        model.ckpt          the parameters (fp32 masters), MindSpore .ckpt, the
+                            bundled model's names: `migrate export` and
+                            `load_model` read the folder as a converted model
+        model.yaml          the model config (compute_dtype float32)
+        tokenizer*, ...     sidecar files copied from the source model folder
+        optimizer.ckpt      AdamW moments: adam_m.<param>, adam_v.<param> (fp32)
+        trainer_state.json  step, optimizer step, scheduler position, loss-scale
+                            state, data position, tokens, elapsed time,
+                            faults, keymap, mode, the run config
+        rng_state.json      Python, numpy and MindSpore generator states
+        metrics.jsonl       the run's metrics up to this step
+    RUN/checkpoints/latest -> checkpoint-<step>   (symlink to the newest complete one)
+
+A checkpoint is built under a hidden temporary name and renamed into place, so
+a crash leaves either the whole folder or nothing; `latest` is switched with
+an atomic rename of a fresh symlink afterwards. Only the newest
+`keep_checkpoints` folders are kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+
+from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.errors import MigrateError
+from migrate.sidecar import copy_sidecars
+
+FOLDER = "checkpoints"
+PREFIX = "checkpoint-"
+LATEST = "latest"
+MODEL_FILE = "model.ckpt"
+MODEL_CONFIG = "model.yaml"
+OPTIMIZER_FILE = "optimizer.ckpt"
+STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng_state.json"
+METRICS_FILE = "metrics.jsonl"
+FORMAT = "migrate-train-checkpoint"
+VERSION = 1
+
+
+# ---------- RNG ----------
+def rng_state() -> dict:
+    """Python, numpy and MindSpore generator states, JSON-ready."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "mindspore": {"seed": ms.get_seed(), "state": ms.get_rng_state().asnumpy().tolist()},
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, np.uint32), pos, has_gauss, cached))
+    ms_state = state["mindspore"]
+    if ms_state.get("seed") is not None:
+        ms.set_seed(ms_state["seed"])
+    ms.set_rng_state(ms.Tensor(np.asarray(ms_state["state"], np.uint8)))
+
+
+# ---------- writing ----------
+def checkpoint_dirs(folder: Path) -> list[Path]:
+    """Complete checkpoint folders in RUN/checkpoints (or the folder given), oldest first."""
+    found = []
+    for path in Path(folder).glob(PREFIX + "*"):
+        suffix = path.name[len(PREFIX):]
+        if path.is_dir() and suffix.isdigit() and (path / STATE_FILE).is_file():
+            found.append((int(suffix), path))
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, optimizer, state: dict,
+                    metrics_text: str, sidecar_src: Path | None = None, keep: int | None = None) -> Path:
+    """Write RUN/checkpoints/checkpoint-<step> atomically, point `latest` at it, prune to `keep`."""
+    folder = Path(run_dir) / FOLDER
+    final = folder / f"{PREFIX}{step}"
+    with atomic_output_dir(final, overwrite=True) as tmp:
+        ms.save_checkpoint(model, str(tmp / MODEL_FILE))
+        config = type(model_config).from_dict(model_config.to_dict())
+        config.compute_dtype = "float32"  # the saved parameters are the fp32 masters
+        config.save(tmp / MODEL_CONFIG)
+        if sidecar_src is not None and Path(sidecar_src).is_dir():
+            copy_sidecars(Path(sidecar_src), tmp)
+        moments = [{"name": p.name, "data": ms.Tensor(p.asnumpy())}
+                   for p in (*optimizer.exp_avg, *optimizer.exp_avg_sq)]
+        ms.save_checkpoint(moments, str(tmp / OPTIMIZER_FILE))
+        record = {"format": FORMAT, "version": VERSION, **state, "optimizer_step": optimizer.step_count}
+        rng = record.pop("rng", None)
+        (tmp / STATE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        (tmp / RNG_FILE).write_text(json.dumps(rng) + "\n")
+        (tmp / METRICS_FILE).write_text(metrics_text)
+    _point_latest(folder, final.name)
+    if keep:
+        for old in checkpoint_dirs(folder)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def remove_partials(run_dir: str | Path) -> list[str]:
+    """Delete what a killed run left half-written in RUN/checkpoints (hidden *.partial / *.old names)."""
+    folder = Path(run_dir) / FOLDER
+    removed = []
+    for path in folder.glob(".*"):
+        if path.name.endswith((".partial", ".old")) and (path.name.startswith(f".{PREFIX}")
+                                                         or path.name.startswith(f".{LATEST}.")):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def _point_latest(folder: Path, target: str) -> None:
+    tmp = folder / f".{LATEST}.{os.getpid()}.partial"
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, folder / LATEST)
+
+
+# ---------- reading ----------
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict
+    metrics_text: str
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def parameters(self) -> dict:
+        return _load(self.path / MODEL_FILE)
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        moments = {name: p.asnumpy() for name, p in _load(self.path / OPTIMIZER_FILE).items()}
+        moments["step"] = np.asarray(self.state["optimizer_step"], np.int64)
+        return moments
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder (or `latest`), RUN/checkpoints, or a run folder: the newest checkpoint there."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path.resolve()
+    for folder in (path, path / FOLDER):
+        if (folder / LATEST).exists():
+            return (folder / LATEST).resolve()
+        if folder.is_dir():
+            done = checkpoint_dirs(folder)
+            if done:
+                return done[-1]
+    raise MigrateError(f"no training checkpoint at {path} (expected a checkpoint folder with {STATE_FILE}, "
+                       f"or a run folder with {FOLDER}/{LATEST})")
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    folder = resolve_checkpoint(path)
+    try:
+        state = json.loads((folder / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise MigrateError(f"unreadable {STATE_FILE} in {folder}: {exc}") from None
+    if state.get("format") != FORMAT:
+        raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
+    for name in (MODEL_FILE, OPTIMIZER_FILE, METRICS_FILE, RNG_FILE):
+        if not (folder / name).is_file():
+            raise MigrateError(f"checkpoint {folder} has no {name}")
+    state["rng"] = json.loads((folder / RNG_FILE).read_text())
+    return Checkpoint(folder, state, (folder / METRICS_FILE).read_text())
+
+
+def _load(path: Path) -> dict:
+    try:
+        return ms.load_checkpoint(str(path))
+    except Exception as exc:  # MindSpore raises ValueError/RuntimeError for damaged files
+        raise MigrateError(f"mindspore cannot load {path}: {str(exc).strip().splitlines()[0]}") from None

@@ -1,0 +1,45 @@
+"""Known optimizer-side porting faults, injectable into the MindSpore trainer.
+
+`train(cfg, faults=[...])` and `hparams_report(cfg, faults=[...])` accept
+these names; each changes one live object of the MindSpore side the way a
+careless port would (sources: ../shared/PITFALLS.md), so `migrate hparams`
+must name the knob and `migrate compare` must see the loss curve drift.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from migrate.errors import MigrateError
+
+
+@dataclass(frozen=True)
+class TrainFault:
+    name: str
+    description: str
+    knob: str  # the `migrate hparams` row that must catch it
+
+
+TRAIN_FAULTS: dict[str, TrainFault] = {f.name: f for f in (
+    TrainFault("adam_eps", "AdamW eps 1e-6 (nn.AdamWeightDecay's default) instead of the config's eps", "eps"),
+    TrainFault("no_bias_correction", "AdamW without bias correction (nn.AdamWeightDecay)", "bias_correction"),
+    TrainFault("decay_biases", "MindSpore's default decay filter (every name without beta/gamma): biases and "
+                               "norm weights decayed", "decayed_parameters"),
+    TrainFault("warmup_off_by_one", "warmup one optimizer step longer than configured", "num_warmup_steps"),
+    TrainFault("no_accum_scaling", "micro-batch losses not divided by grad_accum_steps before backward",
+               "loss_divisor"),
+    TrainFault("clip_no_eps", "clip coefficient max_norm / norm without torch's +1e-6 "
+                              "(ops.clip_by_global_norm)", "clip_eps"),
+)}
+
+
+def check_faults(faults) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(faults or ()))
+    unknown = [f for f in names if f not in TRAIN_FAULTS]
+    if unknown:
+        raise MigrateError(f"unknown training fault {unknown[0]!r}; known: {', '.join(TRAIN_FAULTS)}")
+    return names
+
+
+def faulty_eps(eps: float) -> float:
+    """MindSpore's default eps, or the torch default when the config already uses 1e-6."""
+    return 1e-6 if eps != 1e-6 else 1e-8

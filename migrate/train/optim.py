@@ -1,0 +1,254 @@
+"""Optimizer, gradient clipping, loss accumulation and lr schedule of the
+MindSpore trainer, each with torch's semantics and each exposing its knobs as
+attributes of the live object (what `migrate hparams` reads):
+
+  AdamW          eps, betas, bias_correction, param_groups[i]["weight_decay" | "names"]
+  GradClipper    max_norm, eps (torch's clip_grad_norm_ adds 1e-6 to the norm)
+  LrSchedule     name, num_warmup_steps, num_training_steps, kwargs, base_lr; lr(i)
+  (the loss divisor of accumulation lives on trainer.MicroStep.loss_divisor)
+
+AdamW restates `torch.optim.AdamW` as torch runs it on CPU (the single-tensor
+path; foreach/fused are CUDA-only), op by op in fp32 with the scalars made in
+Python doubles as torch makes them:
+
+    p *= fp32(1 - lr * wd)                       (only when wd != 0)
+    m  = m + fp32(1 - b1) * (g - m)              (lerp_)
+    v  = v * fp32(b2) + (fp32(1 - b2) * g) * g   (mul_ + addcmul_)
+    p  = p + (fp32(-lr / (1 - b1**t)) * m) / (sqrt(v) / fp32(sqrt(1 - b2**t)) + fp32(eps))
+
+torch's CPU kernels fuse lerp_ and addcmul_ into one FMA and its sqrt is not
+always correctly rounded, so single elements differ by an ulp now and then
+(measured: parameters agree to ~5e-8 relative after 10 steps; tests check it).
+`bias_correction=False` is MindSpore nn.AdamWeightDecay's behaviour, kept for
+fault injection. `mindspore.experimental.optim.AdamW` was not used: it has no
+bias-correction switch and computes the bias corrections in fp32 tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.common.initializer import initializer
+
+from migrate.errors import MigrateError
+from migrate.train.config import HFSchedule, RunConfig
+from migrate.train.decay import ms_decay_names
+from migrate.train.schedule import hf_lr
+
+F32 = ms.float32
+TORCH_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6)
+
+_adamw = ops.MultitypeFuncGraph("migrate_adamw")
+
+
+@_adamw.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                 "Tensor", "Tensor", "Bool")
+def _adamw_one(w1, b2, w2, neg_step, bc2_sqrt, eps, decay, param, grad, exp_avg, exp_avg_sq, use_decay):
+    p = param
+    if use_decay:
+        p = p * decay
+    m = exp_avg + w1 * (grad - exp_avg)
+    v = exp_avg_sq * b2 + (w2 * grad) * grad
+    denom = ops.sqrt(v) / bc2_sqrt + eps
+    p = p + (neg_step * m) / denom
+    ops.assign(exp_avg, m)
+    ops.assign(exp_avg_sq, v)
+    ops.assign(param, p)
+    return True
+
+
+class _AdamWUpdate(nn.Cell):
+    def __init__(self, params, exp_avg, exp_avg_sq, use_decay):
+        super().__init__(auto_prefix=False)
+        self.params = params
+        self.exp_avg = exp_avg
+        self.exp_avg_sq = exp_avg_sq
+        self.use_decay = use_decay
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps):
+        return self.hyper_map(ops.partial(_adamw, w1, b2, w2, neg_step, bc2_sqrt, eps), decays, self.params,
+                              grads, self.exp_avg, self.exp_avg_sq, self.use_decay)
+
+
+class AdamW:
+    """torch.optim.AdamW on MindSpore Parameters (see the module docstring).
+
+    `groups`: [{"params": [Parameter, ...], "weight_decay": float}, ...]; empty
+    groups are dropped, as the golden script does. `step(grads)` takes the
+    gradients in the order of `self.parameters`.
+    """
+
+    def __init__(self, groups, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, bias_correction: bool = True):
+        groups = [g for g in groups if g["params"]]
+        if not groups:
+            raise MigrateError("the optimizer got no parameters")
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+        self.bias_correction = bool(bias_correction)
+        self.lr = float(lr)
+        self.param_groups = [{"params": list(g["params"]), "names": [p.name for p in g["params"]],
+                              "weight_decay": float(g["weight_decay"]), "lr": self.lr, "betas": self.betas,
+                              "eps": self.eps, "bias_correction": self.bias_correction} for g in groups]
+        params = [p for g in self.param_groups for p in g["params"]]
+        self.parameters = ParameterTuple(params)
+        self._group_of = [i for i, g in enumerate(self.param_groups) for _ in g["params"]]
+        # Moments always fp32, named as MindFormers names them; allocated lazily (on first use).
+        self.exp_avg = ParameterTuple([Parameter(initializer("zeros", p.shape, F32), name="adam_m." + p.name)
+                                       for p in params])
+        self.exp_avg_sq = ParameterTuple([Parameter(initializer("zeros", p.shape, F32), name="adam_v." + p.name)
+                                          for p in params])
+        self.step_count = 0
+        use_decay = tuple(self.param_groups[g]["weight_decay"] != 0 for g in self._group_of)
+        self._update = _AdamWUpdate(self.parameters, self.exp_avg, self.exp_avg_sq, use_decay)
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = float(lr)
+        for g in self.param_groups:
+            g["lr"] = self.lr
+
+    def scalars(self, step: int) -> dict[str, float]:
+        """The Python-double scalars of optimizer step `step` (1-based), as torch forms them."""
+        b1, b2 = self.betas
+        lr = self.lr
+        if self.bias_correction:
+            step_size = lr / (1 - b1 ** step)
+            bc2_sqrt = (1 - b2 ** step) ** 0.5
+        else:
+            step_size, bc2_sqrt = lr, 1.0
+        return {"w1": 1 - b1, "b2": b2, "w2": 1 - b2, "neg_step": -step_size, "bc2_sqrt": bc2_sqrt, "eps": self.eps,
+                "decays": [1 - lr * g["weight_decay"] for g in self.param_groups]}
+
+    def step(self, grads) -> None:
+        self.step_count += 1
+        s = self.scalars(self.step_count)
+        group_decay = [Tensor(np.float32(d)) for d in s["decays"]]
+        decays = tuple(group_decay[g] for g in self._group_of)
+        f = {k: Tensor(np.float32(s[k])) for k in ("w1", "b2", "w2", "neg_step", "bc2_sqrt", "eps")}
+        self._update(ms.mutable(tuple(grads)), ms.mutable(decays), f["w1"], f["b2"], f["w2"], f["neg_step"],
+                     f["bc2_sqrt"], f["eps"])
+
+    # ---------- state ----------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = {p.name: p.asnumpy() for p in (*self.exp_avg, *self.exp_avg_sq)}
+        state["step"] = np.asarray(self.step_count, np.int64)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for p in (*self.exp_avg, *self.exp_avg_sq):
+            if p.name not in state:
+                raise MigrateError(f"optimizer state has no {p.name}")
+            value = np.asarray(state[p.name], np.float32)
+            if value.shape != tuple(p.shape):
+                raise MigrateError(f"optimizer state {p.name} has shape {value.shape}, expected {tuple(p.shape)}")
+            p.set_data(Tensor(value))
+        self.step_count = int(state["step"])
+
+
+def param_groups(model, cfg: RunConfig, keymap, decay_rule: str = "hf") -> list[dict]:
+    """[decayed, not decayed] trainable parameters of the bundled model.
+
+    decay_rule "hf": HF Trainer's groups carried over through the keymap
+    (`ms_decay_names`); "mindspore": nn.AdamWeightDecay's default filter, which
+    decays every parameter whose name lacks "beta"/"gamma" (biases and norm
+    weights included) -- a fault to inject, never the default.
+    """
+    params = list(model.trainable_params())
+    names = [p.name for p in params]
+    if decay_rule == "hf":
+        decay = ms_decay_names(names, keymap, model.config, cfg.optimizer.no_decay)
+    elif decay_rule == "mindspore":
+        decay = {n for n in names if "beta" not in n and "gamma" not in n}
+    else:
+        raise MigrateError(f"unknown decay rule {decay_rule!r}")
+    return [{"params": [p for p in params if p.name in decay], "weight_decay": cfg.optimizer.weight_decay},
+            {"params": [p for p in params if p.name not in decay], "weight_decay": 0.0}]
+
+
+# ---------- clipping ----------
+_sq_norm = ops.MultitypeFuncGraph("migrate_sq_norm")
+_all_finite = ops.MultitypeFuncGraph("migrate_all_finite")
+
+
+@_sq_norm.register("Tensor")
+def _sq_norm_one(g):
+    return ops.sqrt(ops.reduce_sum(g * g))
+
+
+@_all_finite.register("Tensor")
+def _all_finite_one(g):
+    return ops.isfinite(g).all()
+
+
+class _NormAndClip(nn.Cell):
+    def __init__(self, unscale: bool, clip: bool):
+        super().__init__(auto_prefix=False)
+        self.unscale = unscale
+        self.clip = clip
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads, inv_scale, max_norm, eps):
+        if self.unscale:
+            grads = self.hyper_map(ops.partial(ops.mul, inv_scale), grads)
+        finite = ops.stack(self.hyper_map(_all_finite, grads)).all()
+        norms = ops.stack(self.hyper_map(_sq_norm, grads))
+        total = ops.sqrt(ops.reduce_sum(norms * norms))
+        if self.clip:
+            # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
+            coef = ops.reciprocal(total + eps) * max_norm
+            coef = ops.clamp(coef, None, 1.0)
+            grads = self.hyper_map(ops.partial(ops.mul, coef), grads)
+        return grads, total, finite
+
+
+class GradClipper:
+    """torch.nn.utils.clip_grad_norm_ (norm type 2) over the accumulated gradients.
+
+    Returns the clipped gradients, the total norm before clipping (what both
+    sides log as grad_norm) and whether every gradient is finite. With a loss
+    scale the gradients are first unscaled (GradScaler.unscale_). `max_norm`
+    None or 0: nothing is clipped, the norm is still computed.
+    """
+
+    def __init__(self, max_norm: float | None, eps: float = TORCH_CLIP_EPS, unscale: bool = False):
+        self.max_norm = float(max_norm) if max_norm else None
+        self.eps = float(eps)
+        self.unscale = unscale
+        self._cell = _NormAndClip(unscale, self.max_norm is not None)
+
+    def coefficient(self, total_norm: float) -> float:
+        """The clip coefficient for a total norm (Python doubles; for reports and probes)."""
+        if self.max_norm is None:
+            return 1.0
+        return min(self.max_norm / (total_norm + self.eps), 1.0)
+
+    def __call__(self, grads, inv_scale: float = 1.0):
+        return self._cell(ms.mutable(tuple(grads)), Tensor(np.float32(inv_scale)),
+                          Tensor(np.float32(self.max_norm or 0.0)), Tensor(np.float32(self.eps)))
+
+
+# ---------- schedule ----------
+class LrSchedule:
+    """The HF schedule of the run config as `lr(i)`: i = LambdaLR's index (optimizer steps done).
+
+    `warmup_shift` moves the warmup length (fault injection only).
+    """
+
+    def __init__(self, cfg: RunConfig, warmup_shift: int = 0):
+        hf = cfg.hf_schedule()
+        self.hf: HFSchedule = dataclasses.replace(hf, num_warmup_steps=hf.num_warmup_steps + warmup_shift)
+        self.base_lr = float(cfg.optimizer.lr)
+
+    name = property(lambda self: self.hf.name)
+    num_warmup_steps = property(lambda self: self.hf.num_warmup_steps)
+    num_training_steps = property(lambda self: self.hf.num_training_steps)
+    kwargs = property(lambda self: dict(self.hf.kwargs))
+
+    def lr(self, index: int) -> float:
+        return float(hf_lr(index, self.hf, self.base_lr))
+
+    def table(self, steps: int | None = None) -> list[float]:
+        return [self.lr(i) for i in range(self.num_training_steps if steps is None else steps)]
+

@@ -1,0 +1,493 @@
+"""`migrate train`: continued pretraining of a converted model on MindSpore,
+step for step what golden/train_torch.py does on the HF model.
+
+    out = train(cfg, out_dir=None, resume=None, progress=True,
+                mode="graph", faults=(), peak_flops=None, log=None)
+
+Per optimizer step s (1-based), exactly as the golden script:
+  * lr = lr_at(s' ) with s' the scheduler position (optimizer steps taken; an
+    fp16 step skipped for overflow does not advance it);
+  * micro-batch m reads rows run_order[s-1, m] through MindDataset
+    (`migrate.train.ms_data`); the model reads row[:-1], the targets are
+    row[1:], the loss is HF's mean token cross-entropy on fp32 logits;
+  * gradients of loss / grad_accum_steps (times the loss scale in fp16) are
+    summed over the micro-batches (`MicroStep`, its `loss_divisor`);
+  * fp16: unscale, then skip the step on inf/nan (GradScaler semantics,
+    `precision.DynamicLossScaler`);
+  * clip_grad_norm_ semantics (`optim.GradClipper`; the pre-clip norm is
+    logged), then torch-semantics AdamW (`optim.AdamW`) over HF Trainer's
+    decay / no-decay groups carried through the keymap.
+
+Precision: fp32; bf16/fp16 as torch.autocast over fp32 weights
+(`precision.autocast_model`), so the parameters are the fp32 master weights.
+`cfg.recompute` calls `Cell.recompute()` on every decoder layer.
+
+Writes to the output folder (default cfg.out_dir.ms):
+  metrics.jsonl   one line per optimizer step with the golden's keys -- step,
+                  loss (mean of the micro-batch losses), lr, grad_norm (pre-clip
+                  total norm; null when not finite), tokens (target tokens so
+                  far), time (seconds since the run started, carried across a
+                  resume) -- plus tokens_per_s (this step's tokens / its wall
+                  time) and mfu; fp16 adds loss_scale (the scale this step
+                  used) and skipped
+  effective_hparams.json  read back from the live MindSpore objects
+  eval.jsonl      when eval_interval is set (as the golden script)
+  checkpoints/checkpoint-N/, checkpoints/latest   when checkpoint_interval is
+                  set (layout in `migrate.train.ckpt`)
+
+MFU = flops_per_token * tokens_per_s / peak_flops, flops_per_token = 6 * N +
+12 * layers * seq_length * (heads * head_dim) (PaLM's estimate; N = the
+parameters that take part in matmuls: all but the input embedding table,
+which counts once when tied as the LM head). Recompute is not counted (it is
+model FLOPs utilisation). `peak_flops` None: the peak is measured at start as
+the best fp32 matmul throughput of MindSpore on this device (2 * 1024^3 flops
+per call) -- on a CPU an achievable-peak estimate, not a datasheet figure;
+pass the datasheet number for accelerators. The figure used and its source go
+to effective_hparams.json.
+
+Faults (`migrate.train.faults`) change one live object each, for tests of
+`migrate hparams` and `migrate compare`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import ParameterTuple, Tensor, nn, ops
+
+from migrate.errors import MigrateError
+from migrate.keymap import Keymap
+from migrate.train.ckpt import open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state
+from migrate.train.config import RunConfig
+from migrate.train.faults import check_faults, faulty_eps
+from migrate.train.ms_data import micro_batches, training_order
+from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
+from migrate.train.precision import DynamicLossScaler, autocast_model
+
+F32 = ms.float32
+MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
+DEFAULT_KEYMAP = "hf_llama"
+# Keys of the resumed run's config that may differ from the checkpoint's.
+RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data", "eval_interval", "eval_samples"}
+
+
+# ---------- cells ----------
+def causal_lm_loss(logits, targets, vocab_size: int):
+    """HF ForCausalLMLoss with pre-shifted labels: mean cross-entropy of fp32 logits."""
+    flat = logits.astype(F32).reshape(-1, vocab_size)
+    return ops.cross_entropy(flat, targets.reshape(-1), ignore_index=-100, reduction="mean")
+
+
+class MicroStep(nn.Cell):
+    """One micro-batch: (loss, acc + d(loss / loss_divisor * scale)/d params)."""
+
+    def __init__(self, model, params, loss_divisor: int):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.loss_divisor = loss_divisor
+        self.weights = ParameterTuple(params)
+        self.grad_fn = ops.value_and_grad(self.forward, None, self.weights, has_aux=True)
+        self.hyper_map = ops.HyperMap()
+
+    def forward(self, input_ids, targets, scale):
+        logits, _, _ = self.model(input_ids)
+        loss = causal_lm_loss(logits, targets, self.vocab_size)
+        return loss / self.loss_divisor * scale, loss
+
+    def construct(self, input_ids, targets, scale, acc):
+        (_, loss), grads = self.grad_fn(input_ids, targets, scale)
+        return loss, self.hyper_map(ops.add, acc, grads)
+
+
+class EvalStep(nn.Cell):
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.vocab_size = model.vocab_size
+
+    def construct(self, input_ids, targets):
+        logits, _, _ = self.model(input_ids)
+        return causal_lm_loss(logits, targets, self.vocab_size)
+
+
+# ---------- building ----------
+@dataclass
+class MSTraining:
+    """Every live object of a MindSpore run; `migrate hparams` reads its knobs from here."""
+
+    cfg: RunConfig
+    model: object
+    model_config: object
+    keymap: Keymap
+    micro: MicroStep
+    optimizer: AdamW
+    clipper: GradClipper
+    schedule: LrSchedule
+    scaler: DynamicLossScaler | None
+    faults: tuple[str, ...] = ()
+    decay_rule: str = "hf"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def loss_divisor(self) -> int:
+        return self.micro.loss_divisor
+
+
+def keymap_of(ms_dir: Path) -> str:
+    """The keymap a converted (or trained) folder was made with."""
+    for name, key in (("conversion.json", ("keymap", "name")), ("trainer_state.json", ("keymap",))):
+        path = Path(ms_dir) / name
+        if path.is_file():
+            try:
+                value = json.loads(path.read_text())
+                for k in key:
+                    value = value[k]
+                if isinstance(value, str):
+                    return value
+            except (ValueError, KeyError, TypeError):
+                pass
+    return DEFAULT_KEYMAP
+
+
+def load_training_model(cfg: RunConfig, weights: bool = True):
+    """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy."""
+    from migrate.models.config import LlamaConfig
+    from migrate.models.loading import load_model
+    from migrate.models.registry import build_model
+
+    ms_dir = cfg.require("ms_model")
+    if weights:
+        model, config = load_model(ms_dir, compute_dtype="float32")
+    else:
+        config = LlamaConfig.load(Path(ms_dir) / "model.yaml")
+        config.compute_dtype = "float32"
+        model = build_model(config)
+    config.attention_dropout = cfg.dropout  # the golden sets every *dropout field
+    for layer in model.model.layers:
+        layer.attention.dropout = cfg.dropout
+        if cfg.recompute:
+            layer.recompute()
+    if cfg.dtype != "fp32":
+        autocast_model(model, cfg.dtype)
+    model.set_train(True)
+    return model, config
+
+
+def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, weights: bool = True) -> MSTraining:
+    faults = check_faults(faults)
+    if model is None:
+        model, model_config = load_training_model(cfg, weights)
+    keymap = Keymap.load(keymap_of(cfg.require("ms_model")))
+    decay_rule = "mindspore" if "decay_biases" in faults else "hf"
+    opt = cfg.optimizer
+    optimizer = AdamW(param_groups(model, cfg, keymap, decay_rule), lr=opt.lr, betas=opt.betas,
+                      eps=faulty_eps(opt.eps) if "adam_eps" in faults else opt.eps,
+                      bias_correction="no_bias_correction" not in faults)
+    divisor = 1 if "no_accum_scaling" in faults else cfg.grad_accum_steps
+    micro = MicroStep(model, list(optimizer.parameters), divisor)
+    scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
+    clipper = GradClipper(cfg.max_grad_norm, eps=0.0 if "clip_no_eps" in faults else 1e-6, unscale=scaler is not None)
+    schedule = LrSchedule(cfg, warmup_shift=1 if "warmup_off_by_one" in faults else 0)
+    return MSTraining(cfg, model, model_config, keymap, micro, optimizer, clipper, schedule, scaler, faults, decay_rule)
+
+
+# ---------- throughput ----------
+def flops_per_token(config, seq_length: int) -> int:
+    """6 N + 12 L s (heads * head_dim); see the module docstring."""
+    h, v = config.hidden_size, config.vocab_size
+    q, kv = config.num_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    attn = h * (q + 2 * kv) + q * h
+    attn += (q + 2 * kv if config.qkv_has_bias else 0) + (h if config.out_proj_has_bias else 0)
+    mlp = 3 * h * config.intermediate_size + ((2 * config.intermediate_size + h) if config.mlp_bias else 0)
+    n = config.num_layers * (attn + mlp) + h * v  # the LM head (or the tied embedding used as one)
+    return 6 * n + 12 * config.num_layers * seq_length * q
+
+
+def measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 matmul throughput of MindSpore here (flop/s), one op at a time."""
+    a = Tensor(np.random.default_rng(0).standard_normal((size, size), np.float32))
+    matmul = ops.MatMul()
+    matmul(a, a).asnumpy()  # warm up (kernel selection, threads)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).asnumpy()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 / max(best, 1e-9)
+
+
+# ---------- effective hparams ----------
+def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
+    """What the live MindSpore objects will do (the counterpart of the golden's effective_hparams)."""
+    cfg, opt = training.cfg, training.optimizer
+    groups = [{"weight_decay": g["weight_decay"], "lr": g["lr"], "betas": list(g["betas"]), "eps": g["eps"],
+               "bias_correction": g["bias_correction"], "names": list(g["names"]),
+               "numel": int(sum(math.prod(p.shape) for p in g["params"]))} for g in opt.param_groups]
+    sched = training.schedule
+    out = {
+        "side": "mindspore",
+        "versions": {"mindspore": ms.__version__},
+        "config": cfg.to_dict(),
+        "faults": list(training.faults),
+        "model": {"class": type(training.model).__name__, "weights_dtype": "float32",
+                  "autocast": cfg.dtype if cfg.dtype != "fp32" else None,
+                  "dropout": {"attention_dropout": training.model_config.attention_dropout},
+                  "recompute": bool(cfg.recompute),
+                  "tie_word_embeddings": bool(training.model_config.tie_word_embeddings),
+                  "keymap": training.keymap.name},
+        "optimizer": {"class": "migrate.train.optim.AdamW (torch.optim.AdamW semantics)",
+                      "decay_rule": training.decay_rule, "groups": groups},
+        "scheduler": {"hf_name": sched.name, "num_warmup_steps": sched.num_warmup_steps,
+                      "num_training_steps": sched.num_training_steps, "kwargs": sched.kwargs,
+                      "lr": sched.table(cfg.total_steps), "lr_index": "lr[i] is the lr of optimizer step i + 1"},
+        "clipping": {"max_grad_norm": training.clipper.max_norm, "eps": training.clipper.eps, "norm_type": 2.0,
+                     "grad_norm_logged": "total norm before clipping"},
+        "accumulation": {"grad_accum_steps": cfg.grad_accum_steps, "loss_divisor": training.loss_divisor,
+                         "micro_batch_size": cfg.micro_batch_size,
+                         "tokens_per_step": cfg.samples_per_step * cfg.seq_length},
+        "loss": {"fn": "mean cross-entropy of fp32 logits", "input": "row[:-1]", "target": "row[1:]"},
+        "seed": cfg.seed,
+        "data": {"dir": str(cfg.data), "shuffle_seed": cfg.shuffle_seed, "reader": "mindspore.dataset.MindDataset",
+                 "sampler": "SubsetSampler over run_order"},
+    }
+    if training.scaler is not None:
+        s = training.scaler
+        out["loss_scale"] = {"init_scale": s.scale, "growth_factor": s.growth_factor,
+                             "backoff_factor": s.backoff_factor, "growth_interval": s.growth_interval,
+                             "on_overflow": "skip optimizer and scheduler step, back off the scale"}
+    if peak is not None:
+        out["throughput"] = peak
+    return out
+
+
+# ---------- the run ----------
+def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path | None = None, progress: bool = True,
+          *, mode: str = "graph", faults=(), peak_flops: float | None = None, log=None,
+          stop_after: int | None = None) -> Path:
+    """Train on MindSpore; returns the output folder.
+
+    resume: a checkpoint folder, or a run folder (its `latest`); the run goes on
+    exactly where that checkpoint left off. mode: "graph" (default) or
+    "pynative". faults: names from `migrate.train.faults.TRAIN_FAULTS`.
+    peak_flops: the MFU denominator (None: measured, see the module docstring).
+    log: called with one text line per step. stop_after: end the loop after
+    this optimizer step (1-based) as if interrupted -- the schedule still
+    spans total_steps; no checkpoint is forced.
+    """
+    if mode not in MODES:
+        raise MigrateError(f"unknown mode {mode!r}; use graph or pynative")
+    faults = check_faults(faults)
+    out = Path(out_dir) if out_dir is not None else cfg.out_dir.ms
+    previous_mode = ms.get_context("mode")
+    ms.set_context(mode=MODES[mode])
+    try:
+        return _train(cfg, out, resume, progress, mode, faults, peak_flops, log or (lambda line: None), stop_after)
+    finally:
+        ms.set_context(mode=previous_mode)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    ms.set_seed(seed)
+
+
+def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    order = training_order(cfg)
+    _check_vocab(cfg)
+    checkpoint = open_checkpoint(resume) if resume is not None else None
+    if checkpoint is not None:
+        _check_resumable(checkpoint, cfg, faults)
+    remove_partials(out)  # a killed run's half-written checkpoint
+    _seed_everything(cfg.seed)
+    training = build_training(cfg, faults)
+    model, optimizer, clipper, scaler = training.model, training.optimizer, training.clipper, training.scaler
+
+    start, sched_pos, tokens, elapsed0 = 0, 0, 0, 0.0
+    metrics_lines: list[str] = []
+    if checkpoint is not None:
+        not_loaded, unused = ms.load_param_into_net(model, checkpoint.parameters(), strict_load=True)
+        if not_loaded or unused:
+            raise MigrateError(f"checkpoint {checkpoint.path} does not fit the model: "
+                               f"{len(not_loaded)} parameters not loaded, {len(unused)} entries unused")
+        optimizer.load_state_dict(checkpoint.optimizer_state())
+        st = checkpoint.state
+        if scaler is not None:
+            scaler.load_state_dict(st["loss_scale"])
+        start, sched_pos, tokens = checkpoint.step, int(st["scheduler_step"]), int(st["tokens"])
+        elapsed0 = float(st["elapsed"])
+        set_rng_state(st["rng"])
+        metrics_lines = checkpoint.metrics_text.splitlines(keepends=True)
+
+    if peak_flops is None:
+        peak = {"peak_flops": measure_peak_flops(), "source": "measured: best fp32 MatMul 1024x1024x1024 "
+                                                                "on this device (achievable peak, not a datasheet)"}
+    else:
+        peak = {"peak_flops": float(peak_flops), "source": "given"}
+    fpt = flops_per_token(training.model_config, cfg.seq_length)
+    peak["flops_per_token"] = fpt
+    peak["mfu"] = "flops_per_token * tokens_per_s / peak_flops"
+    (out / "effective_hparams.json").write_text(json.dumps(effective_hparams(training, peak), indent=2) + "\n")
+
+    eval_rows = _eval_rows(cfg)
+    eval_path = out / "eval.jsonl"
+    _truncate_jsonl(eval_path, start)
+    metrics_path = out / "metrics.jsonl"
+    metrics_path.write_text("".join(metrics_lines))
+
+    zeros = tuple(Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters)
+    eval_step = EvalStep(model) if eval_rows is not None else None
+    batches = micro_batches(cfg, start, order)
+    run_start = time.perf_counter() - elapsed0
+    with open(metrics_path, "a") as metrics, _progress_bar(progress, cfg.total_steps, start) as bar:
+        last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
+        for step in range(start, last):
+            step_start = time.perf_counter()
+            lr = training.schedule.lr(sched_pos)
+            optimizer.set_lr(lr)
+            scale = scaler.scale if scaler is not None else 1.0
+            scale_t = Tensor(np.float32(scale))
+            acc, losses, step_tokens = zeros, [], 0
+            for micro in range(cfg.grad_accum_steps):
+                s, m, rows = next(batches)
+                if (s, m) != (step, micro):  # the pipeline and the loop must never part
+                    raise MigrateError(f"data pipeline at step {s + 1} micro {m}, trainer at {step + 1} {micro}")
+                ids = Tensor(np.ascontiguousarray(rows[:, :-1]))
+                targets = Tensor(np.ascontiguousarray(rows[:, 1:]))
+                loss, acc = training.micro(ids, targets, scale_t, ms.mutable(acc))
+                losses.append(float(loss.asnumpy()))
+                step_tokens += int(rows[:, 1:].size)
+            tokens += step_tokens
+            grads, norm, all_finite = clipper(acc, scaler.inv_scale if scaler is not None else 1.0)
+            norm, all_finite = float(norm.asnumpy()), bool(all_finite.asnumpy())
+            skipped = scaler is not None and not all_finite
+            if not skipped:
+                optimizer.step(grads)
+                sched_pos += 1
+            if scaler is not None:
+                scaler.update(found_inf=not all_finite)
+            now = time.perf_counter()
+            tokens_per_s = step_tokens / max(now - step_start, 1e-9)
+            record = {"step": step + 1, "loss": _finite(sum(losses) / len(losses)), "lr": lr,
+                      "grad_norm": _finite(norm), "tokens": tokens, "time": round(now - run_start, 4),
+                      "tokens_per_s": round(tokens_per_s, 3), "mfu": _finite(fpt * tokens_per_s / peak["peak_flops"])}
+            if scaler is not None:
+                record.update(loss_scale=scale, skipped=skipped)
+            line = json.dumps(record) + "\n"
+            metrics.write(line)
+            metrics.flush()
+            metrics_lines.append(line)
+            log(f"step {step + 1}/{cfg.total_steps} loss {record['loss']} lr {lr:.3e} grad_norm {record['grad_norm']}")
+            bar(step + 1, record)
+            if eval_rows is not None and (step + 1) % cfg.eval_interval == 0:
+                _evaluate(eval_step, model, eval_rows, cfg, eval_path, step + 1)
+            if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
+                state = {"step": step + 1, "scheduler_step": sched_pos, "tokens": tokens,
+                         "elapsed": time.perf_counter() - run_start,
+                         "loss_scale": scaler.state_dict() if scaler is not None else None,
+                         "data_position": {"next_step": step + 1,
+                                           "draws_done": (step + 1) * cfg.samples_per_step},
+                         "rng": rng_state(), "faults": list(faults), "keymap": training.keymap.name,
+                         "mode": mode, "config": cfg.to_dict()}
+                save_checkpoint(out, step + 1, model=model, model_config=training.model_config, optimizer=optimizer,
+                                state=state, metrics_text="".join(metrics_lines), sidecar_src=cfg.ms_model,
+                                keep=cfg.keep_checkpoints)
+    return out
+
+
+def _check_vocab(cfg: RunConfig) -> None:
+    from migrate.data.samples import read_meta
+    from migrate.models.config import LlamaConfig
+
+    vocab = read_meta(cfg.data)["tokenizer"]["vocab_size"]
+    model_vocab = LlamaConfig.load(Path(cfg.require("ms_model")) / "model.yaml").vocab_size
+    if vocab > model_vocab:
+        raise MigrateError(f"{cfg.data} was tokenized with a {vocab}-token vocabulary, "
+                           f"but {cfg.ms_model} has only {model_vocab} embeddings")
+
+
+def _check_resumable(checkpoint, cfg: RunConfig, faults) -> None:
+    saved = checkpoint.state.get("config", {})
+    now = cfg.to_dict()
+    differ = sorted(k for k in set(saved) | set(now) if k not in RESUME_FREE and saved.get(k) != now.get(k))
+    if differ:
+        raise MigrateError(f"cannot resume from {checkpoint.path}: the run config differs in "
+                           + ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:4]))
+    if list(checkpoint.state.get("faults", [])) != list(faults):
+        raise MigrateError(f"cannot resume from {checkpoint.path}: it was trained with faults "
+                           f"{checkpoint.state.get('faults')}, this run has {list(faults)}")
+    if checkpoint.step > cfg.total_steps:
+        raise MigrateError(f"checkpoint {checkpoint.path} is at step {checkpoint.step}, past total_steps")
+
+
+def _finite(x: float):
+    return x if math.isfinite(x) else None  # JSON has no inf/nan
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the records of steps <= last_step (a resumed run rewrites what follows)."""
+    if not path.is_file():
+        return
+    if last_step == 0:
+        path.unlink()
+        return
+    keep = [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    path.write_text("".join(keep))
+
+
+def _eval_rows(cfg: RunConfig):
+    if not cfg.eval_interval:
+        return None
+    from migrate.data.samples import load_samples
+
+    rows = load_samples(cfg.eval_data, cfg.seq_length)
+    return rows[: cfg.eval_samples] if cfg.eval_samples else rows
+
+
+def _evaluate(eval_step, model, rows, cfg: RunConfig, path: Path, step: int) -> None:
+    """Mean loss over the eval rows in file order, micro_batch_size at a time (as the golden script)."""
+    model.set_train(False)
+    total = 0.0
+    for start in range(0, len(rows), cfg.micro_batch_size):
+        batch = np.asarray(rows[start:start + cfg.micro_batch_size], dtype=np.int32)
+        loss = eval_step(Tensor(np.ascontiguousarray(batch[:, :-1])), Tensor(np.ascontiguousarray(batch[:, 1:])))
+        total += float(loss.asnumpy()) * len(batch)
+    model.set_train(True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"step": step, "eval_loss": _finite(total / len(rows)), "samples": len(rows)}) + "\n")
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, total: int, done: int):
+    """update(step, record); a rich bar on a terminal's stderr, nothing otherwise."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    err = Console(stderr=True)
+    if not enabled or not err.is_terminal or not sys.stderr.isatty():
+        yield lambda step, record: None
+        return
+    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("", total=total, completed=done, info="")
+
+        def update(step: int, record: dict) -> None:
+            loss = record["loss"]
+            info = (f"loss {loss:.4f}" if loss is not None else "loss nan") + \
+                   f" lr {record['lr']:.2e} {record['tokens_per_s']:.0f} tok/s"
+            bar.update(task, completed=step, info=info)
+
+        yield update

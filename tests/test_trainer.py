@@ -1,0 +1,210 @@
+"""The MindSpore trainer against the golden PyTorch script, on a tiny Llama.
+
+The headline test trains both sides 200 steps in fp32 (warmup + cosine,
+accumulation 2, clipping on) and prints the achieved figures.
+"""
+import json
+import time
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+from train_setup import load_cfg, load_golden, make_run_dir, metrics, rel
+
+from migrate.data.samples import load_samples, run_order
+from migrate.train.config import LossScaleConfig, ScheduleConfig
+from migrate.train.ms_data import micro_batches
+from migrate.train.precision import DynamicLossScaler, autocast_model
+from migrate.train.trainer import train
+
+golden = load_golden()
+GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "tokens", "time"}
+SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    # The tiny golden runs gain nothing from threads, and two spinning OpenMP threads on a busy
+    # 2-core machine slow them 10-50x; the numbers are bit-identical either way.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return make_run_dir(tmp_path_factory.mktemp("trainer"))
+
+
+@pytest.fixture(scope="module")
+def cfg(run_dir):
+    return load_cfg(run_dir)
+
+
+@pytest.fixture(scope="module")
+def fp32_runs(cfg, run_dir):
+    started = time.perf_counter()
+    golden.train(cfg, run_dir / "golden", log=lambda line: None)
+    golden_s = time.perf_counter() - started
+    started = time.perf_counter()
+    train(cfg, run_dir / "ms", progress=False)
+    ms_s = time.perf_counter() - started
+    return metrics(run_dir / "golden"), metrics(run_dir / "ms"), golden_s, ms_s
+
+
+def test_fp32_matches_the_golden_over_200_steps(fp32_runs, cfg):
+    g, m, golden_s, ms_s = fp32_runs
+    assert [r["step"] for r in m] == [r["step"] for r in g] == list(range(1, 201))
+    assert [r["tokens"] for r in m] == [r["tokens"] for r in g]
+    loss_rel = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m)])
+    lr_rel = max(abs(a["lr"] - b["lr"]) / max(abs(a["lr"]), 1e-300) for a, b in zip(g, m))
+    grad_rel = np.array([rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(g, m)])
+    print(f"\n[fp32 200 steps] golden {golden_s:.1f}s, MindSpore {ms_s:.1f}s; "
+          f"first-step loss rel {loss_rel[0]:.2e}, mean loss rel {loss_rel.mean():.2e}, "
+          f"max loss rel {loss_rel.max():.2e}, max lr rel {lr_rel:.1e}, mean grad_norm rel {grad_rel.mean():.2e}, "
+          f"loss {g[0]['loss']:.4f} -> {g[-1]['loss']:.4f} (golden) / {m[-1]['loss']:.4f} (MindSpore)")
+    assert loss_rel[0] <= 1e-6
+    assert loss_rel.mean() <= 1e-4
+    assert lr_rel <= 1e-12
+    assert grad_rel.mean() <= 1e-3
+    assert m[-1]["loss"] < m[0]["loss"] - 1.0  # it trains
+
+
+def test_metrics_keys_and_effective_hparams(fp32_runs, run_dir):
+    _, m, _, _ = fp32_runs
+    assert set(m[0]) == GOLDEN_KEYS | {"tokens_per_s", "mfu"}
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in m)
+    assert all(b["time"] >= a["time"] for a, b in zip(m, m[1:]))
+    eff = json.loads((run_dir / "ms" / "effective_hparams.json").read_text())
+    assert eff["throughput"]["peak_flops"] > 0 and eff["throughput"]["source"].startswith("measured")
+    decayed, kept = eff["optimizer"]["groups"]
+    assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
+    assert all(n.endswith("norm.weight") or n.endswith("norm_out.weight") for n in kept["names"])
+    assert eff["scheduler"]["lr"] == [r["lr"] for r in m]
+    assert eff["clipping"]["eps"] == 1e-6 and eff["accumulation"]["loss_divisor"] == 2
+
+
+def test_data_order_is_the_golden_order(cfg):
+    samples = load_samples(cfg.data, cfg.seq_length)
+    order = run_order(cfg, len(samples))
+    seen = 0
+    for step, micro, rows in micro_batches(cfg):
+        assert step == seen // cfg.grad_accum_steps and micro == seen % cfg.grad_accum_steps
+        np.testing.assert_array_equal(rows, samples[order[step, micro]])
+        seen += 1
+    assert seen == cfg.total_steps * cfg.grad_accum_steps  # 1600 draws: 2.4 epochs of 679 rows
+    # A resumed run starts reading at its step.
+    step, micro, rows = next(micro_batches(cfg, start_step=137))
+    assert (step, micro) == (137, 0)
+    np.testing.assert_array_equal(rows, samples[order[137, 0]])
+
+
+def test_fp16_overflow_skips_the_step_and_the_schedule(cfg, run_dir):
+    # A huge first scale overflows in fp16: skip the optimizer and scheduler step, back off.
+    short = cfg.replace(dtype="fp16", total_steps=3, schedule=SHORT,
+                        loss_scale=LossScaleConfig(init_scale=1e38, backoff_factor=1e-34))
+    golden.train(short, run_dir / "g16", log=lambda line: None)
+    train(short, run_dir / "m16", progress=False, peak_flops=1e12)
+    g, m = metrics(run_dir / "g16"), metrics(run_dir / "m16")
+    assert [r["skipped"] for r in m] == [r["skipped"] for r in g] == [True, False, False]
+    assert [r["loss_scale"] for r in m] == [r["loss_scale"] for r in g]
+    assert m[0]["grad_norm"] is None and all(r["grad_norm"] is not None for r in m[1:])
+    assert [r["lr"] for r in m] == [r["lr"] for r in g] and m[0]["lr"] == m[1]["lr"] == 0.0
+    figures = [rel(a["loss"], b["loss"]) for a, b in zip(g, m)]
+    print(f"\n[fp16] loss rel per step vs golden: {', '.join(f'{x:.1e}' for x in figures)}")
+    assert max(figures) <= 1e-5
+
+
+def test_loss_scaler_follows_torch_update_rule():
+    scale, tracker = torch.full((1,), 1024.0), torch.zeros(1, dtype=torch.int32)
+    ours = DynamicLossScaler(1024.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    for found_inf in [False, False, False, True, False, False, False, False, True, True, False]:
+        torch._amp_update_scale_(scale, tracker, torch.full((1,), float(found_inf)), 2.0, 0.5, 3)
+        ours.update(found_inf)
+        assert ours.scale == float(scale[0]) and ours.growth_tracker == int(tracker[0])
+
+
+def test_bf16_trains_finite_and_close(cfg, run_dir):
+    short = cfg.replace(total_steps=6, schedule=SHORT)
+    golden.train(short, run_dir / "g32s", log=lambda line: None)
+    golden.train(short.replace(dtype="bf16"), run_dir / "gbf16", log=lambda line: None)
+    train(short.replace(dtype="bf16"), run_dir / "mbf16", progress=False, peak_flops=1e12)
+    g32, gbf, mbf = metrics(run_dir / "g32s"), metrics(run_dir / "gbf16"), metrics(run_dir / "mbf16")
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in mbf)
+    vs_golden = np.array([rel(a["loss"], b["loss"]) for a, b in zip(gbf, mbf)])
+    vs_fp32 = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g32, mbf)])
+    print(f"\n[bf16 6 steps] vs golden bf16: first {vs_golden[0]:.1e} mean {vs_golden.mean():.1e}; "
+          f"vs golden fp32: max {vs_fp32.max():.1e}")
+    assert vs_golden[0] <= 1e-4 and vs_golden.mean() <= 5e-3
+    assert vs_fp32.max() <= 2e-2
+    assert mbf[-1]["loss"] < mbf[0]["loss"]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_autocast_cells_without_rounding_are_the_plain_model(fused):
+    # The autocast subclasses restate the model's construct methods; with rounding off they must equal them.
+    from migrate.models.config import LlamaConfig
+    from migrate.models.llama import LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, n_kv_heads=2,
+                         seq_length=16, qkv_concat=fused, qkv_has_bias=True, tie_word_embeddings=fused)
+    ids = ms.Tensor(np.random.default_rng(0).integers(0, 64, (2, 12)).astype(np.int32))
+    plain, cast = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    autocast_model(cast, "bf16", rounding=False)
+    np.testing.assert_array_equal(plain(ids)[0].asnumpy(), cast(ids)[0].asnumpy())
+    rounded = autocast_model(LlamaForCausalLM(config), "bf16")(ids)[0].asnumpy()
+    assert 0 < np.abs(rounded - plain(ids)[0].asnumpy()).max() < 1e-2
+
+
+def test_recompute_gives_the_same_losses(fp32_runs, cfg, run_dir):
+    # Evaluation rides along: it must not perturb the training either.
+    train(cfg.replace(recompute=True, eval_interval=10, eval_data=cfg.data, eval_samples=12), run_dir / "rc",
+          progress=False, peak_flops=1e12, stop_after=20)
+    _, m, _, _ = fp32_runs
+    rc = metrics(run_dir / "rc")
+    assert len(rc) == 20
+    worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m, rc))
+    same = sum(a["loss"] == b["loss"] for a, b in zip(m, rc))
+    print(f"\n[recompute] 20 steps: {same} losses bit-identical, max rel {worst:.1e}")
+    assert worst <= 1e-6
+    assert json.loads((run_dir / "rc" / "effective_hparams.json").read_text())["model"]["recompute"]
+    evals = [json.loads(line) for line in (run_dir / "rc" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [10, 20] and evals[1]["eval_loss"] < evals[0]["eval_loss"]
+    assert all(e["samples"] == 12 for e in evals)
+
+
+def test_an_injected_fault_makes_the_run_drift(fp32_runs, cfg, run_dir):
+    train(cfg, run_dir / "fault", progress=False, peak_flops=1e12, faults=["no_bias_correction"], stop_after=6)
+    _, m, _, _ = fp32_runs
+    faulty = metrics(run_dir / "fault")
+    assert faulty[0]["loss"] == m[0]["loss"]  # same weights, same batch: the optimizer has not acted yet
+    drift = np.mean([rel(a["loss"], b["loss"]) for a, b in zip(m, faulty)])
+    print(f"\n[fault no_bias_correction] mean loss rel over 6 steps {drift:.1e}")
+    assert drift > 1e-3
+    assert json.loads((run_dir / "fault" / "effective_hparams.json").read_text())["faults"] == ["no_bias_correction"]
+
+
+def test_pynative_mode_gives_the_graph_numbers_on_the_golden_rows(fp32_runs, cfg, run_dir, monkeypatch):
+    import migrate.train.trainer as trainer
+
+    fed = []
+
+    def recording(*args, **kwargs):  # what the training loop is handed, batch by batch
+        for step, micro, rows in micro_batches(*args, **kwargs):
+            fed.append((step, micro, rows.copy()))
+            yield step, micro, rows
+
+    monkeypatch.setattr(trainer, "micro_batches", recording)
+    train(cfg, run_dir / "pynative", progress=False, peak_flops=1e12, mode="pynative", stop_after=2)
+    samples = load_samples(cfg.data, cfg.seq_length)
+    order = run_order(cfg, len(samples))
+    assert [(s, m) for s, m, _ in fed] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for step, micro, rows in fed:
+        np.testing.assert_array_equal(rows, samples[order[step, micro]])
+    _, m, _, _ = fp32_runs
+    py = metrics(run_dir / "pynative")
+    assert [r["step"] for r in py] == [1, 2]
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(m, py)) <= 1e-6
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE  # train() restores the caller's mode
