@@ -68,7 +68,8 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     specs = [(to_hf[name], dtype, shape) for name, (dtype, shape) in ckpt.specs.items()]
     count = params = 0
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
-        with SafetensorsWriter(tmp / HF_WEIGHTS, specs, metadata={"format": "pt", "producer": f"migrate {__version__}"}) as writer:
+        metadata = {"format": "pt", "producer": f"migrate {__version__}"}
+        with SafetensorsWriter(tmp / HF_WEIGHTS, specs, metadata=metadata) as writer:
             for i, (name, array) in enumerate(ckpt.tensors()):
                 writer.write(to_hf[name], array)
                 count += 1
