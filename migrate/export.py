@@ -14,7 +14,7 @@ from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
-from migrate.keymap import resolve
+from migrate.keymap import recorded_keymap, resolve
 from migrate.models.config import LlamaConfig
 from migrate.models.registry import MODEL_CLASS_FIELD
 from migrate.sidecar import copy_sidecars
@@ -30,19 +30,6 @@ class ExportResult:
     seconds: float
 
 
-def _converted_with(ms_dir: Path) -> str:
-    """The keymap conversion.json records; hf_llama for a folder without one (a trained run)."""
-    import json
-
-    manifest = ms_dir / "conversion.json"
-    if manifest.is_file():
-        try:
-            return json.loads(manifest.read_text())["keymap"]["name"]
-        except (ValueError, KeyError, TypeError):
-            raise MigrateError(f"{manifest} is not a conversion manifest") from None
-    return "hf_llama"
-
-
 def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, overwrite: bool = False,
            on_tensor=None) -> ExportResult:
     started = time.perf_counter()
@@ -51,7 +38,7 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
         raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
     if out.exists() and not overwrite:
         raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
-    km = resolve(keymap or _converted_with(ms_dir))
+    km = resolve(keymap or recorded_keymap(ms_dir))
     config = LlamaConfig.load(ms_dir / "model.yaml")
     ms_fields = config.to_dict()
     ckpt = open_ms_checkpoint(ms_dir)

@@ -221,6 +221,20 @@ def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
     return found
 
 
+def recorded_keymap(ms_dir: str | Path) -> str:
+    """The keymap a converted folder's conversion.json records; hf_llama for a folder
+    without one (a trained run's checkpoint)."""
+    import json
+
+    manifest = Path(ms_dir) / "conversion.json"
+    if not manifest.is_file():
+        return "hf_llama"
+    try:
+        return json.loads(manifest.read_text())["keymap"]["name"]
+    except (ValueError, KeyError, TypeError):
+        raise MigrateError(f"{manifest} is not a conversion manifest") from None
+
+
 def resolve(name_or_path: str, hf_config: dict | None = None) -> Keymap:
     """`--src NAME`, `--src auto` (from config.json's model_type / architectures)
     or `--keymap FILE` (checked against the registry)."""

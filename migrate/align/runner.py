@@ -14,7 +14,7 @@ from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
 from migrate.align.metrics import Thresholds
 from migrate.align.report import Report
 from migrate.errors import MigrateError
-from migrate.keymap import Keymap
+from migrate.keymap import Keymap, recorded_keymap
 
 DTYPES = ("fp32", "bf16", "fp16")
 ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
@@ -64,7 +64,7 @@ def compare(
     if fault:
         ms.set_context(mode=ms.PYNATIVE_MODE)  # faults patch Python methods
 
-    km = Keymap.load(keymap or _converted_with(ms_dir))
+    km = Keymap.load(keymap or recorded_keymap(ms_dir))
     ms_side = MSSide(ms_dir, dtype, seed)
     config = ms_side.config
     layer = None
@@ -92,19 +92,6 @@ def compare(
     if generate:
         _generation(report, hf_side, ms_side, inputs, generate, hf_dir)
     return report.finalize()
-
-
-def _converted_with(ms_dir: Path) -> str:
-    """The keymap conversion.json records (a trained folder without one: hf_llama)."""
-    import json
-
-    manifest = ms_dir / "conversion.json"
-    if manifest.is_file():
-        try:
-            return json.loads(manifest.read_text())["keymap"]["name"]
-        except (ValueError, KeyError, TypeError):
-            raise MigrateError(f"{manifest} is not a conversion manifest") from None
-    return "hf_llama"
 
 
 def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
