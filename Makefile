@@ -24,6 +24,7 @@ demo: install
 
 bench: install
 	$(PY) bench/convert.py
+	$(PY) bench/train_speed.py
 
 lint: install
 	$(VENV)/bin/ruff check migrate tests golden bench
