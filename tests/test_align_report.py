@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from migrate.align import _atomic
+from migrate.checkpoints import atomic as _atomic
 from migrate.align.metrics import Thresholds
 from migrate.align.report import (
     REPORT_FILES,

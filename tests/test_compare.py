@@ -337,7 +337,7 @@ def test_plot_is_png_and_written_atomically(tmp_path, monkeypatch):
     assert sorted(p.name for p in out.parent.iterdir()) == ["compare.png"]  # no temp file left
 
     # a failing replace leaves the old plot whole and no temp file behind
-    import migrate.align._atomic as atomic
+    import migrate.checkpoints.atomic as atomic
 
     def boom(src, dst):
         raise OSError("disk full")

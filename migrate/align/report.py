@@ -61,7 +61,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from migrate.align._atomic import atomic_write_bytes, atomic_write_text
+from migrate.checkpoints.atomic import atomic_write_bytes, atomic_write_text
+from migrate.jsonsafe import jsonable as _jsonable
 from migrate.align.metrics import (
     KINDS,
     Thresholds,
@@ -124,31 +125,6 @@ def layer_of(name: str) -> int | None:
 
 
 # --------------------------------------------------------------------------- JSON helpers
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return [_jsonable(v) for v in x.tolist()]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        v = float(x)
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return v
-    if x is None or isinstance(x, str):
-        return x
-    if isinstance(x, Path):
-        return str(x)
-    return str(x)
-
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 

@@ -115,7 +115,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from migrate.align._atomic import atomic_write_bytes, atomic_write_text
+from migrate.checkpoints.atomic import atomic_write_bytes, atomic_write_text
+from migrate.jsonsafe import jsonable as _jsonable
 from migrate.errors import MigrateError
 from migrate.train.config import DTYPES
 
@@ -540,29 +541,6 @@ class CompareResult:
             "fail_steps": self.fail_steps,
             "per_step": per_step,
         })
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return [_jsonable(v) for v in x.tolist()]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        v = float(x)
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return v
-    if x is None or isinstance(x, str):
-        return x
-    return str(x)
 
 
 def _fmt(v: Any) -> str:
