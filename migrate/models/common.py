@@ -9,57 +9,16 @@ HF's losses and a config mixin for `model.yaml`.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
-from pathlib import Path
-from typing import Any
 
 import mindspore as ms
-import yaml
 from mindspore import Parameter, mint, ops
 from mindspore.common.initializer import initializer
 
 from migrate.errors import MigrateError
+from migrate.models.config import ConfigIO  # noqa: F401 (re-exported for the GPT-2 / BERT configs)
 from migrate.models.llama import _DTYPES, _MIN, F32, Linear, _Cell, _Precision, _SeededNormal  # noqa: F401 (re-exported)
-
-
-# ---------------------------------------------------------------- config files
-
-class ConfigIO:
-    """`model.yaml` round trip for a config dataclass with an `extra` dict field
-    (unknown fields kept verbatim), the same contract as `LlamaConfig`."""
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        extra = data.pop("extra")
-        data.update(extra)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        extra = {k: v for k, v in data.items() if k not in known}
-        try:
-            return cls(**kwargs, extra=extra)
-        except TypeError as exc:  # a required field is absent
-            raise MigrateError(f"model config is incomplete: {exc}") from None
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
-    @classmethod
-    def load(cls, path: str | Path):
-        path = Path(path)
-        if path.is_dir():
-            path = path / "model.yaml"
-        if not path.is_file():
-            raise MigrateError(f"no model config at {path}")
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict):
-            raise MigrateError(f"{path} is not a mapping of config fields")
-        return cls.from_dict(data)
 
 
 def check_dtype(compute_dtype: str) -> None:
