@@ -1,12 +1,15 @@
 """Dtype names and conversions shared by readers and writers.
 
 bf16 stays raw 16-bit data end to end: torch bf16 is viewed as int16 and
-reinterpreted as MindSpore's numpy bfloat16, never routed through fp32.
+reinterpreted as a numpy bfloat16, never routed through fp32. The numpy bfloat16
+is `ml_dtypes`' (MindSpore's own lives in its C extension, whose import alone
+costs 0.5 GB of RSS, more than the conversion's whole memory budget);
+`mindspore.Tensor` accepts it, and `canonical` maps MindSpore's back onto it.
 """
 from __future__ import annotations
 
 import numpy as np
-from mindspore.common.np_dtype import bfloat16
+from ml_dtypes import bfloat16
 
 from migrate.errors import MigrateError
 
@@ -23,12 +26,42 @@ SAFETENSORS_TO_NUMPY = {
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
-NUMPY_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_TO_NUMPY.items()}
+BF16 = np.dtype(bfloat16)
+
+
+def canonical(dtype) -> np.dtype:
+    """The dtype as this project's tables key it: any numpy bfloat16 (MindSpore's
+    `asnumpy()` returns its own) becomes ml_dtypes' one."""
+    dtype = np.dtype(dtype)
+    return BF16 if dtype.name == "bfloat16" else dtype
+
+
+def is_bf16(dtype) -> bool:
+    return np.dtype(dtype).name == "bfloat16"
+
+
+class DtypeTable(dict):
+    """A dict keyed by numpy dtypes that finds either numpy bfloat16."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(canonical(key))
+
+    def __contains__(self, key):
+        try:
+            return super().__contains__(canonical(key))
+        except TypeError:
+            return False
+
+    def get(self, key, default=None):
+        return super().get(canonical(key), default) if key is not None else default
+
+
+NUMPY_TO_SAFETENSORS = DtypeTable({v: k for k, v in SAFETENSORS_TO_NUMPY.items()})
 
 # CLI spelling -> numpy dtype
 CLI_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(bfloat16)}
 # numpy dtype -> model.yaml compute_dtype
-COMPUTE_DTYPE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(bfloat16): "bfloat16"}
+COMPUTE_DTYPE = DtypeTable({np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", BF16: "bfloat16"})
 
 
 def torch_dtype_name(dtype) -> str:
@@ -57,20 +90,20 @@ def numpy_to_torch(array: np.ndarray):
     import torch
 
     array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
-    if array.dtype == np.dtype(bfloat16):
+    if is_bf16(array.dtype):
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return dtype in COMPUTE_DTYPE or dtype == np.dtype(np.float64)
+    return dtype in COMPUTE_DTYPE or np.dtype(dtype) == np.dtype(np.float64)
 
 
 def cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Cast floating tensors; leave integer tensors alone. Identity casts copy nothing."""
-    if array.dtype == dtype or not is_float(array.dtype):
+    if canonical(array.dtype) == canonical(dtype) or not is_float(array.dtype):
         return array
-    if dtype == np.dtype(bfloat16) or array.dtype == np.dtype(bfloat16):
+    if is_bf16(dtype) or is_bf16(array.dtype):
         # Round to nearest even through torch, which implements bf16 rounding exactly like HF.
         out = np.empty(array.shape, dtype)
         cast_into(array, out)
@@ -86,7 +119,7 @@ def cast_into(array: np.ndarray, out: np.ndarray) -> None:
     """Write `array` cast to `out.dtype` into `out` (same shape), with exactly the
     rounding of `cast`, allocating nothing: torch's `copy_` is the kernel `.to` uses,
     called on slices small enough to run on the calling thread alone."""
-    if array.dtype == np.dtype(bfloat16) or out.dtype == np.dtype(bfloat16):
+    if is_bf16(array.dtype) or is_bf16(out.dtype):
         src, dst = numpy_to_torch(array).reshape(-1), numpy_to_torch(out).reshape(-1)
         for start in range(0, src.numel(), _SERIAL_ELEMENTS):
             dst[start:start + _SERIAL_ELEMENTS].copy_(src[start:start + _SERIAL_ELEMENTS])
@@ -111,6 +144,5 @@ MS_TYPE_TO_NUMPY = {
 
 def short_name(dtype: np.dtype) -> str:
     """Human dtype name: fp32, bf16, int64..."""
-    names = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", np.dtype(bfloat16): "bf16",
-             np.dtype(np.float64): "fp64"}
-    return names.get(np.dtype(dtype), np.dtype(dtype).name)
+    names = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", BF16: "bf16", np.dtype(np.float64): "fp64"}
+    return names.get(canonical(dtype), np.dtype(dtype).name)

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY
+from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY, DtypeTable
 from migrate.errors import MigrateError
 
 # MindSpore's piece size (SLICE_SIZE, in KiB, times 1024). Tests patch it down.
@@ -31,7 +31,7 @@ PIECE_BYTES = 512 * 1024 * 1024
 CRC_MARK = b"crc_num"
 CRC_TRAILER = len(CRC_MARK) + 10
 
-NUMPY_TO_MS_TYPE = {v: k for k, v in MS_TYPE_TO_NUMPY.items()}
+NUMPY_TO_MS_TYPE = DtypeTable({v: k for k, v in MS_TYPE_TO_NUMPY.items()})
 
 
 def _varint(value: int) -> bytes:
