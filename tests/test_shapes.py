@@ -1,0 +1,58 @@
+"""The MindSpore-free shape functions (migrate.models.shapes) against the models they describe:
+for every family and config flag, the same names, shapes and order as MindSpore's own build."""
+import mindspore as ms
+import numpy as np
+import pytest
+
+from migrate.models.bert import BertConfig
+from migrate.models.config import LlamaConfig
+from migrate.models.gpt2 import GPT2Config
+from migrate.models.llama import LlamaForCausalLM
+from migrate.models.loading import lazy_parameters
+from migrate.models.registry import build_model, parameter_shapes
+from migrate.models.shapes import SHAPE_FUNCTIONS, expected_shapes
+
+LLAMA = "migrate.models.llama:LlamaForCausalLM"
+LLAMA_BASE = dict(vocab_size=48, hidden_size=32, intermediate_size=40, num_layers=2, num_heads=4, seq_length=16)
+BERT_BASE = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24, seq_length=8,
+                 type_vocab_size=3)
+GPT2_BASE = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, seq_length=8)
+
+CASES = [
+    (LLAMA, LlamaConfig(**LLAMA_BASE)),
+    (LLAMA, LlamaConfig(**LLAMA_BASE, n_kv_heads=2, tie_word_embeddings=True)),
+    (LLAMA, LlamaConfig(**LLAMA_BASE, n_kv_heads=1, qkv_has_bias=True, head_dim=12)),
+    (LLAMA, LlamaConfig(**LLAMA_BASE, out_proj_has_bias=True, mlp_bias=True)),
+    (LLAMA, LlamaConfig(**LLAMA_BASE, n_kv_heads=2, qkv_concat=True, qkv_has_bias=True)),
+    (LLAMA, LlamaConfig(**LLAMA_BASE, qkv_concat=True, mlp_bias=True, tie_word_embeddings=True)),
+    ("migrate.models.gpt2:GPT2LMHeadModel", GPT2Config(**GPT2_BASE)),
+    ("migrate.models.gpt2:GPT2LMHeadModel", GPT2Config(**GPT2_BASE, intermediate_size=20, tie_word_embeddings=False)),
+    ("migrate.models.bert:BertModel", BertConfig(**BERT_BASE)),
+    ("migrate.models.bert:BertForMaskedLM", BertConfig(**BERT_BASE)),
+    ("migrate.models.bert:BertForMaskedLM", BertConfig(**BERT_BASE, tie_word_embeddings=False)),
+]
+
+
+@pytest.mark.parametrize("target,config", CASES, ids=lambda v: v if isinstance(v, str) else "")
+def test_shapes_equal_the_built_model(target, config):
+    with lazy_parameters():
+        built = parameter_shapes(build_model(config, target))
+    assert list(expected_shapes(config, target).items()) == list(built.items())
+
+
+def test_every_bundled_model_class_has_a_case():
+    assert set(SHAPE_FUNCTIONS) == {target for target, _ in CASES}
+
+
+class LlamaWithScale(LlamaForCausalLM):
+    """A user's own model class: one more parameter than the bundled Llama."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.scale = ms.Parameter(ms.Tensor(np.ones(3, np.float32)), name="scale")
+
+
+def test_a_model_class_without_a_shape_function_is_built_by_mindspore():
+    config = LlamaConfig(**LLAMA_BASE)
+    shapes = expected_shapes(config, f"{__name__}:LlamaWithScale")
+    assert shapes == {**SHAPE_FUNCTIONS[LLAMA](config), "scale": (3,)}
