@@ -189,16 +189,29 @@ def _copy_through(job: Job, stream, chunk_bytes: int) -> None:
 
 
 _KERNEL_COPY = [hasattr(os, "copy_file_range")]
+PAGE = 4096
+# Measured here (ext4, page cache): copy_file_range moves 1 GB in 0.24 s when source
+# and destination offsets agree modulo the page size, but in 0.65 s when they do not
+# (the kernel then shifts every byte on its own slow path); pread + pwrite through one
+# 1 MiB buffer takes 0.28 s. In a .ckpt the protobuf headers put tensors at offsets
+# unrelated to the source's, so most tensors take the buffered path.
+COPY_BUFFER_BYTES = 1024 * 1024
+_buffers = threading.local()
 
 
 def copy_file_range(src_fd: int, src_offset: int, dst_file, nbytes: int) -> bool:
     """Copy `nbytes` from `src_fd` at `src_offset` to the current position of the
-    (buffered) file `dst_file`, in the kernel; False, having copied nothing,
-    where the kernel cannot (then the caller copies through memory)."""
+    (buffered) file `dst_file`: in the kernel when the two offsets are page-aligned
+    alike, else through one reused buffer. False, having copied nothing, where the
+    kernel cannot copy at all (then the caller copies through memory)."""
     if not _KERNEL_COPY[0]:
         return False
     dst_file.flush()
     position = dst_file.tell()
+    if (src_offset - position) % PAGE:
+        _copy_buffered(src_fd, src_offset, dst_file.fileno(), position, nbytes)
+        dst_file.seek(position + nbytes)
+        return True
     done = 0
     while done < nbytes:
         try:
@@ -214,3 +227,18 @@ def copy_file_range(src_fd: int, src_offset: int, dst_file, nbytes: int) -> bool
         done += n
     dst_file.seek(position + nbytes)
     return True
+
+
+def _copy_buffered(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbytes: int) -> None:
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _buffers.buffer = memoryview(bytearray(COPY_BUFFER_BYTES))
+    done = 0
+    while done < nbytes:
+        n = os.preadv(src_fd, [buffer[:min(len(buffer), nbytes - done)]], src_offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "source file ended during copy")
+        written = 0
+        while written < n:
+            written += os.pwritev(dst_fd, [buffer[written:n]], dst_offset + done + written)
+        done += n
