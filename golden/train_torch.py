@@ -13,9 +13,11 @@ Writes to the output folder:
   metrics.jsonl  one line per optimizer step: step (1-based), loss (mean of
                  the step's micro-batch losses, unscaled), lr (the lr that
                  step used), grad_norm (total norm before clipping; null when
-                 fp16 overflowed), tokens (target tokens so far), time
-                 (seconds since the loop started); fp16 adds loss_scale (the one
-                 this step used) and skipped
+                 fp16 overflowed), grad_norm_clipped (total norm of the
+                 gradients after clip_grad_norm_, measured on them: the
+                 figure that shows the clip epsilon), tokens (target tokens
+                 so far), time (seconds since the loop started); fp16 adds
+                 loss_scale (the one this step used) and skipped
   effective_hparams.json  read back from the live model/optimizer/scheduler
   eval.jsonl, checkpoint-N/  when eval_interval / checkpoint_interval are set
 
@@ -193,17 +195,20 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print) -> Path:
                 tokens += rows[:, 1:].numel()
             if scaler:
                 scaler.unscale_(optimizer)  # clip and log the true gradient norm
+            grads = [p.grad for p in params if p.grad is not None]
             if cfg.max_grad_norm:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                clipped_norm = torch.nn.utils.get_total_norm(grads)  # measured on the clipped tensors
             else:
-                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+                grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
             scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
             skipped = _optimizer_step(optimizer, scaler)
             if not skipped:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             record = {"step": step + 1, "loss": _finite(sum(losses) / len(losses)), "lr": lr,
-                      "grad_norm": _finite(float(grad_norm)), "tokens": tokens,
+                      "grad_norm": _finite(float(grad_norm)), "grad_norm_clipped": _finite(float(clipped_norm)),
+                      "tokens": tokens,
                       "time": round(time.perf_counter() - start, 4)}
             if scaler:
                 record.update(loss_scale=scale, skipped=skipped)

@@ -386,3 +386,56 @@ def test_print_summary_names_first_step_and_metric(tmp_path, golden):
     assert "max loss rel diff" in text and "first-step loss rel diff" in text
     assert "FAIL · first out of tolerance at step 50: max loss rel diff" in text
     assert "noise run" in text and "note:" in text
+
+
+# --------------------------------------------------------------------------- post-clip norm (clip rule)
+
+def _clip_logs(tmp_path, ms_clipped, ms_pre=None, max_norm=0.5):
+    """Golden and MindSpore logs with grad_norm_clipped as clip_grad_norm_ gives it (pre-clip norms 1.0..1.5)."""
+    steps, loss, lr, grad = golden_curve()
+    golden_clipped = np.minimum(max_norm * grad / (grad + 1e-6), grad)
+    g = write_log(tmp_path / "golden.jsonl", steps, loss, lr, grad, extra={"grad_norm_clipped": golden_clipped})
+    pre = grad if ms_pre is None else ms_pre
+    m = write_log(tmp_path / "ms.jsonl", steps, loss, lr, pre,
+                  extra={"grad_norm_clipped": ms_clipped(pre, max_norm)})
+    return g, m
+
+
+def test_clip_rule_catches_a_clip_coefficient_without_eps(tmp_path):
+    torch_rule = lambda pre, max_norm: np.minimum(max_norm * pre / (pre + 1e-6), pre)  # noqa: E731
+    g, m = _clip_logs(tmp_path / "same", torch_rule)
+    r = compare_runs(g, m)
+    assert r.passed and r.check("clip").passed and r.check("clip").value == 0
+    assert np.isfinite(r.clip_signed).all()  # every step clipped on both sides
+    no_eps = lambda pre, max_norm: np.minimum(max_norm * pre / pre, pre)  # noqa: E731
+    g, m = _clip_logs(tmp_path / "no_eps", no_eps)
+    r = compare_runs(g, m)
+    assert not r.passed and [c.key for c in r.failed] == ["clip"]
+    assert r.check("clip").value == pytest.approx(np.mean(1e-6 / golden_curve()[3]), rel=1e-3)
+    assert "clip coefficient differs" in r.verdict_text()
+    # fp16/bf16 keep the same bound, and a noise run does not widen it
+    r = compare_runs(g, m, noise_path=g, dtype="bf16")
+    assert r.check("clip").passed is False and r.check("clip").limit == 2e-7
+
+
+def test_clip_rule_skips_unclipped_steps_and_diverged_norms(tmp_path):
+    torch_rule = lambda pre, max_norm: np.minimum(max_norm * pre / (pre + 1e-6), pre)  # noqa: E731
+    g, m = _clip_logs(tmp_path / "unclipped", torch_rule, max_norm=10.0)  # never clipped: post == pre
+    r = compare_runs(g, m)
+    assert r.passed and r.check("clip").passed is None and np.isnan(r.clip_signed).all()
+    # pre-clip norms 5 % apart: the post-clip norms differ by 1e-6 * (1/pre - 1/pre'), which is not the clip's doing
+    no_eps_far = lambda pre, max_norm: np.minimum(max_norm * pre / pre, pre)  # noqa: E731
+    steps, _, _, grad = golden_curve()
+    g, m = _clip_logs(tmp_path / "far", no_eps_far, ms_pre=grad * 1.05)
+    r = compare_runs(g, m)
+    assert r.check("clip").passed is None and r.check("grad_mean").passed is False
+
+
+def test_logs_without_post_clip_norms_have_no_clip_rule(tmp_path, golden):
+    steps, loss, lr, grad = golden_curve()
+    nulls = [None] * STEPS  # an fp16 run whose every step overflowed logs null
+    m = write_log(tmp_path / "ms.jsonl", steps, loss, lr, grad, extra={"grad_norm_clipped": nulls})
+    r = compare_runs(golden, m)
+    assert r.check("clip") is None and r.passed
+    r = compare_runs(m, m)
+    assert r.check("clip").passed is None and r.passed

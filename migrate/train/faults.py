@@ -3,7 +3,9 @@
 `train(cfg, faults=[...])` and `hparams_report(cfg, faults=[...])` accept
 these names; each changes one live object of the MindSpore side the way a
 careless port would (sources: ../shared/PITFALLS.md), so `migrate hparams`
-must name the knob and `migrate compare` must see the loss curve drift.
+must name the knob and `migrate compare` must fail the run: on the loss, lr or
+grad-norm curves, and for clip_no_eps -- which AdamW hides from the loss --
+on the post-clip gradient norm both sides log (tests/test_compare_faults.py).
 """
 from __future__ import annotations
 

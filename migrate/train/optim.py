@@ -3,7 +3,7 @@ MindSpore trainer, each with torch's semantics and each exposing its knobs as
 attributes of the live object (what `migrate hparams` reads):
 
   AdamW          eps, betas, bias_correction, param_groups[i]["weight_decay" | "names"]
-  GradClipper    max_norm, eps (torch's clip_grad_norm_ adds 1e-6 to the norm)
+  GradClipper    max_norm, eps (torch's clip_grad_norm_ adds 1e-6 to the norm); clipped_norm
   LrSchedule     name, num_warmup_steps, num_training_steps, kwargs, base_lr; lr(i)
   (the loss divisor of accumulation lives on trainer.MicroStep.loss_divisor)
 
@@ -195,12 +195,16 @@ class _NormAndClip(nn.Cell):
         finite = ops.stack(self.hyper_map(_all_finite, grads)).all()
         norms = ops.stack(self.hyper_map(_sq_norm, grads))
         total = ops.sqrt(ops.reduce_sum(norms * norms))
+        clipped_total = total
         if self.clip:
             # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
             coef = ops.reciprocal(total + eps) * max_norm
             coef = ops.clamp(coef, None, 1.0)
             grads = self.hyper_map(ops.partial(ops.mul, coef), grads)
-        return grads, total, finite
+            # Measured on the clipped tensors, as the golden measures torch's after clip_grad_norm_.
+            clipped = ops.stack(self.hyper_map(_sq_norm, grads))
+            clipped_total = ops.sqrt(ops.reduce_sum(clipped * clipped))
+        return grads, total, finite, clipped_total
 
 
 class GradClipper:
@@ -210,6 +214,11 @@ class GradClipper:
     sides log as grad_norm) and whether every gradient is finite. With a loss
     scale the gradients are first unscaled (GradScaler.unscale_). `max_norm`
     None or 0: nothing is clipped, the norm is still computed.
+
+    `clipped_norm` is the total norm of the gradients the last call returned,
+    measured on those tensors (logged as grad_norm_clipped). It is the one
+    figure that shows the clip epsilon: AdamW is nearly blind to a gradient
+    scale of 1 + 1e-6 / norm, so the loss curve is too.
     """
 
     def __init__(self, max_norm: float | None, eps: float = TORCH_CLIP_EPS, unscale: bool = False):
@@ -217,6 +226,14 @@ class GradClipper:
         self.eps = float(eps)
         self.unscale = unscale
         self._cell = _NormAndClip(unscale, self.max_norm is not None)
+        self._clipped_norm = None
+
+    @property
+    def clipped_norm(self) -> float:
+        """Total norm of the gradients the last call returned (after clipping)."""
+        if self._clipped_norm is None:
+            raise MigrateError("GradClipper has not been called yet")
+        return float(self._clipped_norm.asnumpy())
 
     def coefficient(self, total_norm: float) -> float:
         """The clip coefficient for a total norm (Python doubles; for reports and probes)."""
@@ -225,8 +242,10 @@ class GradClipper:
         return min(self.max_norm / (total_norm + self.eps), 1.0)
 
     def __call__(self, grads, inv_scale: float = 1.0):
-        return self._cell(ms.mutable(tuple(grads)), Tensor(np.float32(inv_scale)),
-                          Tensor(np.float32(self.max_norm or 0.0)), Tensor(np.float32(self.eps)))
+        grads, total, finite, self._clipped_norm = self._cell(
+            ms.mutable(tuple(grads)), Tensor(np.float32(inv_scale)), Tensor(np.float32(self.max_norm or 0.0)),
+            Tensor(np.float32(self.eps)))
+        return grads, total, finite
 
 
 # ---------- schedule ----------

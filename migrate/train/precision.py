@@ -85,10 +85,12 @@ class AutocastAttention(_Autocast, L.LlamaAttention):
         v = self._repeat_kv(v)
         scores = self._ac(self._ac(mint.matmul(self._ac(q), self._ac(k).swapaxes(2, 3))) * self.scaling)
         scores = scores + mask  # low + fp32 mask -> fp32
-        probs = mint.nn.functional.softmax(scores, dim=-1)
+        # HF: softmax in fp32, cast to the low dtype, then dropout on the low-precision
+        # probabilities (its 1/(1-p) rescale rounds once more).
+        probs = self._ac(mint.nn.functional.softmax(scores, dim=-1))
         if self.training and self.dropout > 0:
-            probs = ms.ops.dropout(probs, p=self.dropout, training=True)
-        out = self._ac(mint.matmul(self._ac(probs), v))
+            probs = self._ac(ms.ops.dropout(probs, p=self.dropout, training=True))
+        out = self._ac(mint.matmul(probs, v))
         out = out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim)
         return self.wo(out)
 
