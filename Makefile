@@ -25,6 +25,7 @@ demo: install
 bench: install
 	$(PY) bench/convert.py
 	$(PY) bench/train_speed.py
+	$(PY) bench/train_dp.py
 
 lint: install
 	$(VENV)/bin/ruff check migrate tests golden bench

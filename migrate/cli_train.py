@@ -1,4 +1,4 @@
-"""Subcommands of the training side: data, train, hparams, compare.
+"""Subcommands of the training side: data, train, ckpt, hparams, compare.
 
 Argument parsing only; each calls one library function. Registered into the
 main parser by `migrate.cli`.
@@ -63,13 +63,51 @@ def _cmd_keymap_check(args) -> int:
 
 
 def _cmd_train(args) -> int:
+    import sys
+
+    from migrate.models.config import LlamaConfig
     from migrate.train.config import RunConfig
-    from migrate.train.trainer import train
+    from migrate.train.launch import Cluster, launch
+    from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
     from migrate.ui import console
 
     cfg = RunConfig.load(args.config)
-    out = train(cfg, out_dir=args.out, resume=args.resume, mode=args.mode)
-    console().print(f"[green]trained[/] -> {out} (metrics.jsonl, checkpoints/)")
+    layout = run_layout_of(cfg, args.dp, args.mp, args.pp, args.micro_batches, args.optimizer_shard)
+    cluster = Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port)
+    errors = layout_errors(layout, LlamaConfig.load(cfg.require("ms_model")), cfg, cluster)
+    if errors:  # one line per broken rule, then the usual error exit
+        for line in errors[:-1]:
+            print(f"migrate: error: {line}", file=sys.stderr)
+        raise MigrateError(errors[-1])
+    out_dir = args.out or cfg.out_dir.ms
+    out = console()
+    out.print(layout.batch_line(cfg.seq_length), markup=False, highlight=False, soft_wrap=True)
+    refuse_unsupported(layout)
+    if args.resume is not None:
+        from migrate.train.ckpt import open_checkpoint
+        from migrate.train.trainer import check_resumable
+
+        check_resumable(open_checkpoint(args.resume), cfg, (), layout)  # before any process starts
+    if layout.devices == 1 and cluster.nodes == 1:
+        from migrate.train.trainer import train
+
+        train(cfg, out_dir=out_dir, resume=args.resume, mode=args.mode)
+    else:
+        result = launch(cfg.source, out_dir, layout, cluster, resume=args.resume, mode=args.mode,
+                        echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True))
+        if result.code != 0:
+            print(f"migrate: error: distributed run failed: {result.summary()}", file=sys.stderr)
+            return result.code
+    out.print(f"[green]trained[/] -> {out_dir} (metrics.jsonl, checkpoints/)")
+    return 0
+
+
+def _cmd_ckpt_merge(args) -> int:
+    from migrate.train.dist_ckpt import merge_checkpoint
+    from migrate.ui import console
+
+    out = merge_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+    console().print(f"[green]merged[/] {args.checkpoint} -> {out} (one single-process checkpoint)")
     return 0
 
 
@@ -126,7 +164,25 @@ def register(sub) -> None:
     p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
     p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
     p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
+    g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel ranks (the config's micro batch is per rank)")
+    g.add_argument("--mp", type=int, default=1, help="tensor-parallel width (Ascend/GPU only)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages (Ascend/GPU only)")
+    g.add_argument("--micro-batches", type=int, default=1, help="pipeline micro-batches per step (with --pp)")
+    g.add_argument("--optimizer-shard", action="store_true", help="split AdamW states over dp (Ascend/GPU only)")
+    g.add_argument("--nodes", type=int, default=1, help="machines taking part; run the command on each")
+    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
+    g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
+    g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
     p.set_defaults(func=_cmd_train)
+
+    ck = sub.add_parser("ckpt", help="work with training checkpoints")
+    ck_sub = ck.add_subparsers(dest="ckpt_command", required=True)
+    p = ck_sub.add_parser("merge", help="one single-process checkpoint from a multi-process one")
+    p.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its latest checkpoint)")
+    p.add_argument("out", help="output checkpoint folder")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (atomically)")
+    p.set_defaults(func=_cmd_ckpt_merge)
 
     p = sub.add_parser("hparams", help="both sides' effective hyperparameters; exit 1 on any difference")
     p.add_argument("config", help="run.yaml")

@@ -19,7 +19,7 @@ from migrate.train.precision import DynamicLossScaler, autocast_model
 from migrate.train.trainer import train
 
 golden = load_golden()
-GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "tokens", "time"}
+GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens", "time"}
 SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
 
 

@@ -4,6 +4,7 @@
 - strategy.py assign_strategies(model, layout): shard strategies on every matmul, read back for inspection.
 - pipeline.py assign_pipeline_stages(model, pp), build_pipeline_network (mindspore.parallel.nn.Pipeline).
 - context.py  parallel_context(layout): kwargs for mindspore.set_auto_parallel_context; apply_parallel_context.
+- runtime.py  start_parallel(layout) -> ParallelRun: this rank under msrun, its data shard, the grad reducer.
 
 MindSpore runs tensor/pipeline parallel and optimizer sharding only on
 Ascend/GPU; here these are built to its documented API and tested for what

@@ -15,6 +15,10 @@ folder that holds metrics.jsonl):
                             faults, keymap, mode, the run config
         rng_state.json      Python, numpy and MindSpore generator states
         metrics.jsonl       the run's metrics up to this step
+        parallel_layout.json  runs of several processes only: dp/mp/pp and which
+                            rank saved which file; with optimizer sharding
+                            optimizer.ckpt is replaced by per-rank
+                            optimizer.rank-<r>.ckpt files (`migrate.train.dist_ckpt`)
     RUN/checkpoints/latest -> checkpoint-<step>   (symlink to the newest complete one)
 
 A checkpoint is built under a hidden temporary name and renamed into place, so
@@ -85,9 +89,24 @@ def checkpoint_dirs(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def shard_staging_dir(run_dir: str | Path, step: int) -> Path:
+    """Where the ranks of an optimizer-sharded run put their shard files before rank 0 assembles the folder."""
+    return Path(run_dir) / FOLDER / f".{PREFIX}{step}.shards.partial"
+
+
 def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, optimizer, state: dict,
-                    metrics_text: str, sidecar_src: Path | None = None, keep: int | None = None) -> Path:
-    """Write RUN/checkpoints/checkpoint-<step> atomically, point `latest` at it, prune to `keep`."""
+                    metrics_text: str, sidecar_src: Path | None = None, keep: int | None = None,
+                    parallel_layout: dict | None = None, shard_staging: Path | None = None) -> Path:
+    """Write RUN/checkpoints/checkpoint-<step> atomically, point `latest` at it, prune to `keep`.
+
+    parallel_layout: the run's `dist_ckpt.layout_record` (several processes);
+    written as parallel_layout.json with the rank that saved each file.
+    shard_staging: a folder holding every rank's optimizer shard file (then
+    the layout must carry "optimizer_slices"); they are moved in instead of
+    writing optimizer.ckpt.
+    """
+    from migrate.train.dist_ckpt import LAYOUT_FILE, SHARD_PREFIX
+
     folder = Path(run_dir) / FOLDER
     final = folder / f"{PREFIX}{step}"
     with atomic_output_dir(final, overwrite=True) as tmp:
@@ -97,14 +116,25 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, opti
         config.save(tmp / MODEL_CONFIG)
         if sidecar_src is not None and Path(sidecar_src).is_dir():
             copy_sidecars(Path(sidecar_src), tmp)
-        moments = [{"name": p.name, "data": ms.Tensor(p.asnumpy())}
-                   for p in (*optimizer.exp_avg, *optimizer.exp_avg_sq)]
-        ms.save_checkpoint(moments, str(tmp / OPTIMIZER_FILE))
+        if shard_staging is None:
+            moments = [{"name": p.name, "data": ms.Tensor(p.asnumpy())}
+                       for p in (*optimizer.exp_avg, *optimizer.exp_avg_sq)]
+            ms.save_checkpoint(moments, str(tmp / OPTIMIZER_FILE))
+        else:
+            for shard in sorted(Path(shard_staging).glob(SHARD_PREFIX + "*.ckpt")):
+                os.replace(shard, tmp / shard.name)
         record = {"format": FORMAT, "version": VERSION, **state, "optimizer_step": optimizer.step_count}
         rng = record.pop("rng", None)
         (tmp / STATE_FILE).write_text(json.dumps(record, indent=1) + "\n")
         (tmp / RNG_FILE).write_text(json.dumps(rng) + "\n")
         (tmp / METRICS_FILE).write_text(metrics_text)
+        if parallel_layout is not None:
+            files = {p.name: {"saved_by": int(p.name[len(SHARD_PREFIX):-len(".ckpt")]), "kind": "optimizer shard"}
+                     if p.name.startswith(SHARD_PREFIX) else {"saved_by": 0, "kind": "whole"}
+                     for p in sorted(tmp.iterdir())}
+            (tmp / LAYOUT_FILE).write_text(json.dumps({**parallel_layout, "files": files}, indent=1) + "\n")
+    if shard_staging is not None:
+        shutil.rmtree(shard_staging, ignore_errors=True)
     _point_latest(folder, final.name)
     if keep:
         for old in checkpoint_dirs(folder)[:-keep]:
@@ -148,8 +178,22 @@ class Checkpoint:
     def parameters(self) -> dict:
         return _load(self.path / MODEL_FILE)
 
+    @property
+    def parallel_layout(self) -> dict | None:
+        """parallel_layout.json of a multi-process checkpoint, None for a single-process one."""
+        from migrate.train.dist_ckpt import read_layout
+
+        return read_layout(self.path)
+
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        moments = {name: p.asnumpy() for name, p in _load(self.path / OPTIMIZER_FILE).items()}
+        """Every AdamW moment whole (optimizer shards are stitched back), plus the step."""
+        from migrate.train.dist_ckpt import is_sharded, merged_optimizer_state
+
+        layout = self.parallel_layout
+        if is_sharded(layout):
+            moments = merged_optimizer_state(self.path, layout)
+        else:
+            moments = {name: p.asnumpy() for name, p in _load(self.path / OPTIMIZER_FILE).items()}
         moments["step"] = np.asarray(self.state["optimizer_step"], np.int64)
         return moments
 
@@ -178,11 +222,19 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise MigrateError(f"unreadable {STATE_FILE} in {folder}: {exc}") from None
     if state.get("format") != FORMAT:
         raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
-    for name in (MODEL_FILE, OPTIMIZER_FILE, METRICS_FILE, RNG_FILE):
+    from migrate.train.dist_ckpt import is_sharded, read_layout
+
+    sharded = is_sharded(read_layout(folder))
+    for name in (MODEL_FILE, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
         if not (folder / name).is_file():
             raise MigrateError(f"checkpoint {folder} has no {name}")
     state["rng"] = json.loads((folder / RNG_FILE).read_text())
     return Checkpoint(folder, state, (folder / METRICS_FILE).read_text())
+
+
+def load_ckpt_file(path: Path) -> dict:
+    """name -> Parameter of a MindSpore .ckpt file; a damaged file is one MigrateError line."""
+    return _load(Path(path))
 
 
 def _load(path: Path) -> dict:

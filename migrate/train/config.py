@@ -166,6 +166,7 @@ class RunConfig:
     dtype: str = "fp32"
     dropout: float = 0.0               # set on every *dropout field of the model config
     recompute: bool = False
+    peak_flops: float | None = None    # per-device peak flop/s for the MFU estimate; null: measured
     checkpoint_interval: int = 0       # 0: no checkpoints
     keep_checkpoints: int | None = None  # null: keep all
     eval_interval: int = 0             # 0: no evaluation
@@ -221,6 +222,8 @@ class RunConfig:
         _require(self.eval_samples is None or self.eval_samples >= 1, "eval_samples", "must be >= 1")
         _require(self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         _require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        _require(self.peak_flops is None or (math.isfinite(self.peak_flops) and self.peak_flops > 0), "peak_flops",
+                 f"must be a number > 0 (flop/s, e.g. 3.12e14), got {self.peak_flops}")
         if self.dtype not in DTYPES:
             raise _Bad("dtype", f"unknown dtype {self.dtype!r}{_did_you_mean(self.dtype, DTYPES)}; "
                                 f"use fp32, bf16 or fp16")

@@ -10,6 +10,17 @@ MindDataset per chunk of that size (in order) before batching. `.batch(micro_bat
 then cuts consecutive micro-batches, so micro-batch m of optimizer step s is
 rows `order[s, m]` -- the same rows the golden side reads from train.npy.
 A resumed run starts the sampler at its step: nothing before it is read.
+
+Data parallel (dp ranks): the order is cut into *global* micro-batches of
+micro_batch_size × dp rows (`training_order(cfg, dp)`), the same flat draws a
+single process with micro batch micro_batch_size × dp reads. Rank r reads its
+share through `DistributedSampler(num_shards=dp, shard_id=r)` -- the sampler
+`MindDataset(num_shards=, shard_id=)` builds, which MindDataset refuses to
+combine with a `sampler=` argument ("sampler and sharding cannot be specified
+at the same time") -- with the run-order SubsetSampler as its child. It deals
+the flat order round-robin (MindDataset's sharding strategy 1), so rank r's
+micro-batch of step s, micro m is rows `order[s, m, r::dp]`: the union over
+ranks is exactly the global micro-batch, each rank holding micro_batch_size rows.
 """
 from __future__ import annotations
 
@@ -18,7 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
-from migrate.data.samples import MINDRECORD_FILE, read_meta, run_order
+from migrate.data.samples import MINDRECORD_FILE, read_meta, run_order, sample_order
 from migrate.errors import MigrateError
 
 COLUMN = "input_ids"
@@ -31,24 +42,38 @@ def mindrecord_path(data_dir: str | Path) -> Path:
     return path
 
 
-def training_order(cfg) -> np.ndarray:
-    """[total_steps, grad_accum_steps, micro_batch_size] row indices (the golden's `run_order`)."""
+def training_order(cfg, dp: int = 1) -> np.ndarray:
+    """[total_steps, grad_accum_steps, micro_batch_size × dp] row indices: the global micro-batches.
+
+    dp = 1 is the golden's `run_order`; any dp draws the same flat sequence.
+    """
     meta = read_meta(cfg.data)
     if meta["seq_length"] != cfg.seq_length:
         raise MigrateError(f"run config seq_length is {cfg.seq_length} but {cfg.data} was tokenized "
                            f"with seq_length {meta['seq_length']}")
-    return run_order(cfg, int(meta["samples"]))
+    if dp == 1:
+        return run_order(cfg, int(meta["samples"]))
+    shape = (cfg.total_steps, cfg.grad_accum_steps, cfg.micro_batch_size * dp)
+    return sample_order(int(meta["samples"]), int(np.prod(shape)), cfg.shuffle_seed).reshape(shape)
 
 
-def micro_batches(cfg, start_step: int = 0, order: np.ndarray | None = None,
+def micro_batches(cfg, start_step: int = 0, order: np.ndarray | None = None, shard: tuple[int, int] = (1, 0),
                   ) -> Iterator[tuple[int, int, np.ndarray]]:
     """(step, micro, rows) for every micro-batch from optimizer step `start_step` (0-based) on.
 
     rows: int32 [micro_batch_size, seq_length + 1], read through MindDataset.
+    shard: (num_shards, shard_id) -- this data-parallel rank's share of the
+    global micro-batches of `order` (see the module docstring).
     """
     import mindspore.dataset as ds
 
-    order = training_order(cfg) if order is None else order
+    num_shards, shard_id = shard
+    if not 0 <= shard_id < num_shards:
+        raise MigrateError(f"data shard {shard_id} is outside 0..{num_shards - 1}")
+    order = training_order(cfg, num_shards) if order is None else order
+    if order.shape[-1] != cfg.micro_batch_size * num_shards:
+        raise MigrateError(f"the run order holds global micro-batches of {order.shape[-1]} rows, "
+                           f"not micro_batch_size {cfg.micro_batch_size} × {num_shards} shards")
     if not 0 <= start_step <= len(order):
         raise MigrateError(f"data position {start_step} is outside the run's {len(order)} steps")
     todo = order[start_step:]
@@ -58,9 +83,11 @@ def micro_batches(cfg, start_step: int = 0, order: np.ndarray | None = None,
     # run of several epochs reads one MindDataset per chunk of that size, concatenated in order.
     flat, rows_in_file = todo.reshape(-1), int(read_meta(cfg.data)["samples"])
     path = str(mindrecord_path(cfg.data))
-    parts = [ds.MindDataset(path, columns_list=[COLUMN], sampler=ds.SubsetSampler(flat[i:i + rows_in_file].tolist()),
+    # Chunks start at multiples of num_shards, so the round-robin deal stays aligned across them.
+    chunk = max(rows_in_file // num_shards, 1) * num_shards
+    parts = [ds.MindDataset(path, columns_list=[COLUMN], sampler=_sampler(flat[i:i + chunk], num_shards, shard_id),
                             shuffle=None, num_parallel_workers=1)
-             for i in range(0, len(flat), rows_in_file)]
+             for i in range(0, len(flat), chunk)]
     dataset = _concat(parts)
     dataset = dataset.batch(cfg.micro_batch_size, drop_remainder=False)
     accum = cfg.grad_accum_steps
@@ -75,6 +102,17 @@ def micro_batches(cfg, start_step: int = 0, order: np.ndarray | None = None,
     if count != todo.shape[0] * accum:
         raise MigrateError(f"{MINDRECORD_FILE} ran out after {count} micro-batches; "
                            f"the run needs {todo.shape[0] * accum}")
+
+
+def _sampler(indices: np.ndarray, num_shards: int, shard_id: int):
+    import mindspore.dataset as ds
+
+    subset = ds.SubsetSampler(indices.tolist())
+    if num_shards == 1:
+        return subset
+    sharded = ds.DistributedSampler(num_shards=num_shards, shard_id=shard_id, shuffle=False)
+    sharded.add_child(subset)
+    return sharded
 
 
 def _concat(parts):

@@ -25,9 +25,11 @@ Precision: fp32; bf16/fp16 as torch.autocast over fp32 weights
 Writes to the output folder (default cfg.out_dir.ms):
   metrics.jsonl   one line per optimizer step with the golden's keys -- step,
                   loss (mean of the micro-batch losses), lr, grad_norm (pre-clip
-                  total norm; null when not finite), tokens (target tokens so
-                  far), time (seconds since the run started, carried across a
-                  resume) -- plus tokens_per_s (this step's tokens / its wall
+                  total norm; null when not finite), grad_norm_clipped (total
+                  norm of the gradients the optimizer stepped with, measured
+                  after clipping), tokens (target tokens so far), time
+                  (seconds since the run started, carried across a resume)
+                  -- plus tokens_per_s (this step's tokens / its wall
                   time) and mfu; fp16 adds loss_scale (the scale this step
                   used) and skipped
   effective_hparams.json  read back from the live MindSpore objects
@@ -39,7 +41,8 @@ MFU = flops_per_token * tokens_per_s / peak_flops, flops_per_token = 6 * N +
 12 * layers * seq_length * (heads * head_dim) (PaLM's estimate; N = the
 parameters that take part in matmuls: all but the input embedding table,
 which counts once when tied as the LM head). Recompute is not counted (it is
-model FLOPs utilisation). `peak_flops` None: the peak is measured at start as
+model FLOPs utilisation). The peak is the `peak_flops` argument, else run.yaml's
+`peak_flops`; with neither it is measured at start as
 the best fp32 matmul throughput of MindSpore on this device (2 * 1024^3 flops
 per call) -- on a CPU an achievable-peak estimate, not a datasheet figure;
 pass the datasheet number for accelerators. The figure used and its source go
@@ -47,6 +50,15 @@ to effective_hparams.json.
 
 Faults (`migrate.train.faults`) change one live object each, for tests of
 `migrate hparams` and `migrate compare`.
+
+Several processes (`parallel`, a `migrate.parallel.runtime.ParallelRun`, set
+up by `migrate.train.worker` under msrun): rank r reads its share of every
+global micro-batch (`ms_data.micro_batches(shard=...)`), the accumulated
+gradients go through MindSpore's DistributedGradReducer (mean over dp) once
+per optimizer step, the logged loss is the mean over ranks and the tokens are
+the global count, so metrics.jsonl reads as the single-process run with the
+same global batch does. Rank 0 alone writes the run folder. Tensor/pipeline
+parallel layouts are wired by `migrate.train.parallel_setup` (Ascend/GPU).
 """
 from __future__ import annotations
 
@@ -65,7 +77,9 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap
-from migrate.train.ckpt import open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state
+from migrate.parallel.layout import Layout
+from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state,
+                                shard_staging_dir)
 from migrate.train.config import RunConfig
 from migrate.train.faults import check_faults, faulty_eps
 from migrate.train.ms_data import micro_batches, training_order
@@ -76,7 +90,8 @@ F32 = ms.float32
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 DEFAULT_KEYMAP = "hf_llama"
 # Keys of the resumed run's config that may differ from the checkpoint's.
-RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data", "eval_interval", "eval_samples"}
+RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data", "eval_interval", "eval_samples",
+               "peak_flops"}
 
 
 # ---------- cells ----------
@@ -272,16 +287,18 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
 # ---------- the run ----------
 def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path | None = None, progress: bool = True,
           *, mode: str = "graph", faults=(), peak_flops: float | None = None, log=None,
-          stop_after: int | None = None) -> Path:
+          stop_after: int | None = None, parallel=None) -> Path:
     """Train on MindSpore; returns the output folder.
 
     resume: a checkpoint folder, or a run folder (its `latest`); the run goes on
     exactly where that checkpoint left off. mode: "graph" (default) or
     "pynative". faults: names from `migrate.train.faults.TRAIN_FAULTS`.
-    peak_flops: the MFU denominator (None: measured, see the module docstring).
+    peak_flops: the MFU denominator (None: the config's peak_flops, else measured;
+    see the module docstring).
     log: called with one text line per step. stop_after: end the loop after
     this optimizer step (1-based) as if interrupted -- the schedule still
-    spans total_steps; no checkpoint is forced.
+    spans total_steps; no checkpoint is forced. parallel: this process's
+    `ParallelRun` in a multi-process run (None: one process).
     """
     if mode not in MODES:
         raise MigrateError(f"unknown mode {mode!r}; use graph or pynative")
@@ -290,7 +307,8 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     previous_mode = ms.get_context("mode")
     ms.set_context(mode=MODES[mode])
     try:
-        return _train(cfg, out, resume, progress, mode, faults, peak_flops, log or (lambda line: None), stop_after)
+        return _train(cfg, out, resume, progress, mode, faults, peak_flops, log or (lambda line: None), stop_after,
+                      parallel)
     finally:
         ms.set_context(mode=previous_mode)
 
@@ -301,17 +319,34 @@ def _seed_everything(seed: int) -> None:
     ms.set_seed(seed)
 
 
-def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    order = training_order(cfg)
+def run_layout(cfg: RunConfig, parallel=None) -> Layout:
+    """The run's layout: the parallel one, or one process with the config's batch."""
+    if parallel is not None:
+        return parallel.layout
+    return Layout(micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+
+
+def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after, parallel) -> Path:
+    layout = run_layout(cfg, parallel)
+    writer = parallel is None or parallel.is_writer  # rank 0 alone writes the run folder
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+    # Under pp, one trainer micro-step feeds the Pipeline micro_batches micro-batches at once.
+    data_cfg = cfg if layout.pp == 1 else cfg.replace(micro_batch_size=cfg.micro_batch_size * layout.micro_batches)
+    order = training_order(data_cfg, layout.dp)
     _check_vocab(cfg)
     checkpoint = open_checkpoint(resume) if resume is not None else None
     if checkpoint is not None:
-        _check_resumable(checkpoint, cfg, faults)
-    remove_partials(out)  # a killed run's half-written checkpoint
+        check_resumable(checkpoint, cfg, faults, layout)
+    if writer:
+        remove_partials(out)  # a killed run's half-written checkpoint
     _seed_everything(cfg.seed)
     training = build_training(cfg, faults)
     model, optimizer, clipper, scaler = training.model, training.optimizer, training.clipper, training.scaler
+    if parallel is not None:
+        from migrate.train.parallel_setup import wire_parallel
+
+        wire_parallel(training, parallel)
 
     start, sched_pos, tokens, elapsed0 = 0, 0, 0, 0.0
     metrics_lines: list[str] = []
@@ -329,27 +364,36 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
         set_rng_state(st["rng"])
         metrics_lines = checkpoint.metrics_text.splitlines(keepends=True)
 
-    if peak_flops is None:
+    peak_source = "given"
+    if peak_flops is None and cfg.peak_flops is not None:
+        peak_flops, peak_source = cfg.peak_flops, "run config (peak_flops)"
+    if peak_flops is None and not writer:
+        peak = {"peak_flops": 1.0, "source": "not measured on this rank (rank 0 logs MFU)"}
+    elif peak_flops is None:
         peak = {"peak_flops": measure_peak_flops(), "source": "measured: best fp32 MatMul 1024x1024x1024 "
                                                                 "on this device (achievable peak, not a datasheet)"}
     else:
-        peak = {"peak_flops": float(peak_flops), "source": "given"}
+        peak = {"peak_flops": float(peak_flops), "source": peak_source}
     fpt = flops_per_token(training.model_config, cfg.seq_length)
     peak["flops_per_token"] = fpt
     peak["mfu"] = "flops_per_token * tokens_per_s / peak_flops"
-    (out / "effective_hparams.json").write_text(json.dumps(effective_hparams(training, peak), indent=2) + "\n")
-
-    eval_rows = _eval_rows(cfg)
+    eval_rows = _eval_rows(cfg) if writer else None
     eval_path = out / "eval.jsonl"
-    _truncate_jsonl(eval_path, start)
     metrics_path = out / "metrics.jsonl"
-    metrics_path.write_text("".join(metrics_lines))
+    if writer:
+        hparams = effective_hparams(training, peak)
+        if parallel is not None:
+            hparams["parallel"] = parallel.describe()
+        (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
+        _truncate_jsonl(eval_path, start)
+        metrics_path.write_text("".join(metrics_lines))
 
     zeros = tuple(Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters)
     eval_step = EvalStep(model) if eval_rows is not None else None
-    batches = micro_batches(cfg, start, order)
+    batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
     run_start = time.perf_counter() - elapsed0
-    with open(metrics_path, "a") as metrics, _progress_bar(progress, cfg.total_steps, start) as bar:
+    metrics_sink = open(metrics_path, "a") if writer else contextlib.nullcontext(_NoFile())
+    with metrics_sink as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar:
         last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
         for step in range(start, last):
             step_start = time.perf_counter()
@@ -366,8 +410,12 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                 targets = Tensor(np.ascontiguousarray(rows[:, 1:]))
                 loss, acc = training.micro(ids, targets, scale_t, ms.mutable(acc))
                 losses.append(float(loss.asnumpy()))
-                step_tokens += int(rows[:, 1:].size)
+                step_tokens += int(rows[:, 1:].size) * layout.dp  # every dp rank reads as many
             tokens += step_tokens
+            step_loss = sum(losses) / len(losses)
+            if parallel is not None:
+                acc = parallel.reduce_grads(acc)
+                step_loss = parallel.mean_over_ranks(step_loss)
             grads, norm, all_finite = clipper(acc, scaler.inv_scale if scaler is not None else 1.0)
             norm, all_finite = float(norm.asnumpy()), bool(all_finite.asnumpy())
             skipped = scaler is not None and not all_finite
@@ -378,8 +426,9 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                 scaler.update(found_inf=not all_finite)
             now = time.perf_counter()
             tokens_per_s = step_tokens / max(now - step_start, 1e-9)
-            record = {"step": step + 1, "loss": _finite(sum(losses) / len(losses)), "lr": lr,
-                      "grad_norm": _finite(norm), "tokens": tokens, "time": round(now - run_start, 4),
+            record = {"step": step + 1, "loss": _finite(step_loss), "lr": lr,
+                      "grad_norm": _finite(norm), "grad_norm_clipped": _finite(clipper.clipped_norm),
+                      "tokens": tokens, "time": round(now - run_start, 4),
                       "tokens_per_s": round(tokens_per_s, 3), "mfu": _finite(fpt * tokens_per_s / peak["peak_flops"])}
             if scaler is not None:
                 record.update(loss_scale=scale, skipped=skipped)
@@ -396,13 +445,49 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                          "elapsed": time.perf_counter() - run_start,
                          "loss_scale": scaler.state_dict() if scaler is not None else None,
                          "data_position": {"next_step": step + 1,
-                                           "draws_done": (step + 1) * cfg.samples_per_step},
+                                           "draws_done": (step + 1) * layout.global_batch},
                          "rng": rng_state(), "faults": list(faults), "keymap": training.keymap.name,
-                         "mode": mode, "config": cfg.to_dict()}
-                save_checkpoint(out, step + 1, model=model, model_config=training.model_config, optimizer=optimizer,
-                                state=state, metrics_text="".join(metrics_lines), sidecar_src=cfg.ms_model,
-                                keep=cfg.keep_checkpoints)
+                         "mode": mode, "config": cfg.to_dict(), "parallel": _parallel_state(layout)}
+                _save(out, step + 1, training, state, metrics_lines, cfg, parallel)
     return out
+
+
+def _parallel_state(layout: Layout) -> dict:
+    return {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp, "micro_batches": layout.micro_batches,
+            "optimizer_shard": layout.optimizer_shard, "global_batch": layout.global_batch}
+
+
+def _save(out: Path, step: int, training: MSTraining, state: dict, metrics_lines, cfg: RunConfig, parallel) -> None:
+    """One checkpoint: rank 0 writes it; with optimizer sharding every rank first writes its shard."""
+    from migrate.train.dist_ckpt import layout_record, slice_table, write_optimizer_shard
+
+    layout_file, staging = None, None
+    if parallel is not None:
+        layout_file = layout_record(parallel.layout, parallel.size)
+        if layout_file["optimizer_shard"]:
+            optimizer = training.optimizer
+            moments = {p.name: p.asnumpy() for p in (*optimizer.exp_avg, *optimizer.exp_avg_sq)}
+            shapes = {p.name: tuple(q.shape) for p, q in zip((*optimizer.exp_avg, *optimizer.exp_avg_sq),
+                                                              (*optimizer.parameters, *optimizer.parameters))}
+            staging = shard_staging_dir(out, step)
+            write_optimizer_shard(staging, parallel.rank, parallel.layout.dp, moments, shapes)
+            layout_file["optimizer_slices"] = slice_table(shapes, parallel.layout.dp)
+            parallel.barrier()  # every shard file is in place before rank 0 assembles the folder
+    if parallel is None or parallel.is_writer:
+        save_checkpoint(out, step, model=training.model, model_config=training.model_config,
+                        optimizer=training.optimizer, state=state, metrics_text="".join(metrics_lines),
+                        sidecar_src=cfg.ms_model, keep=cfg.keep_checkpoints, parallel_layout=layout_file,
+                        shard_staging=staging)
+
+
+class _NoFile:
+    """The metrics sink of ranks that do not write."""
+
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
 
 
 def _check_vocab(cfg: RunConfig) -> None:
@@ -416,10 +501,22 @@ def _check_vocab(cfg: RunConfig) -> None:
                            f"but {cfg.ms_model} has only {model_vocab} embeddings")
 
 
-def _check_resumable(checkpoint, cfg: RunConfig, faults) -> None:
+def check_resumable(checkpoint, cfg: RunConfig, faults, layout: Layout | None = None) -> None:
+    """Refuse a resume that would not continue the same curve (one MigrateError line).
+
+    The split of the global batch may change (dp, micro batch size, accumulation):
+    the run order, the loss and the gradient are functions of the global batch alone.
+    """
+    layout = layout or run_layout(cfg)
     saved = checkpoint.state.get("config", {})
     now = cfg.to_dict()
-    differ = sorted(k for k in set(saved) | set(now) if k not in RESUME_FREE and saved.get(k) != now.get(k))
+    saved_parallel = checkpoint.state.get("parallel") or {"global_batch": saved.get("micro_batch_size", 0)
+                                                          * saved.get("grad_accum_steps", 0)}
+    if saved_parallel["global_batch"] != layout.global_batch:
+        raise MigrateError(f"cannot resume from {checkpoint.path}: its global batch is "
+                           f"{saved_parallel['global_batch']} samples per step, this run's is {layout.batch_line()}")
+    free = RESUME_FREE | {"micro_batch_size", "grad_accum_steps"}
+    differ = sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
     if differ:
         raise MigrateError(f"cannot resume from {checkpoint.path}: the run config differs in "
                            + ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:4]))

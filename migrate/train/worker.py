@@ -1,0 +1,122 @@
+"""The process msrun starts on every rank: `python -m migrate.train.worker ARGS`.
+
+`migrate train --dp N ...` (`migrate.train.launch`) builds this command line;
+msrun runs it once per rank (MS_ROLE=MS_WORKER, RANK_ID set) and once more as
+its scheduler (MS_ROLE=MS_SCHED), where `communication.init()` runs the
+cluster's meta server and never returns -- so joining the cluster is the first
+thing done, before any file is touched.
+
+Each worker writes its exit code to LOG_DIR/worker_<rank>.exit (atomically)
+as it ends, so the launcher can report the worst one: msrun itself only says
+that some worker failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+# Test hook: "RANK:CODE" makes that rank exit with CODE right after joining the cluster.
+FAULT_ENV = "MIGRATE_TEST_WORKER_EXIT"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m migrate.train.worker")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--log-dir", required=True)
+    p.add_argument("--resume")
+    p.add_argument("--mode", default="graph")
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--mp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--optimizer-shard", action="store_true")
+    p.add_argument("--threads", type=int, default=0, help="CPU kernel threads of this rank (0: MindSpore's default)")
+    return p.parse_args(argv)
+
+
+def exit_file(log_dir: str | Path, rank: int) -> Path:
+    return Path(log_dir) / f"worker_{rank}.exit"
+
+
+def record_exit(log_dir: str | Path, rank: int, code: int) -> None:
+    from migrate.checkpoints.atomic import atomic_write_text
+
+    atomic_write_text(exit_file(log_dir, rank), f"{code}\n")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK_ID", "-1"))
+    code = 1
+    try:
+        code = _run(args)
+    except SystemExit as exc:  # the fault hook, argparse
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 - every failure must leave its exit code behind
+        from migrate.errors import MigrateError
+
+        if isinstance(exc, MigrateError):
+            print(f"migrate: error: {exc}", file=sys.stderr, flush=True)
+            code = exc.exit_code
+        else:
+            traceback.print_exc()
+            code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        if os.environ.get("MS_ROLE") != "MS_SCHED":
+            rank = _current_rank(rank)
+            if rank >= 0:
+                record_exit(args.log_dir, rank, code)
+    return code
+
+
+def _current_rank(fallback: int) -> int:
+    try:
+        from mindspore.communication import get_rank
+
+        return get_rank()
+    except Exception:  # noqa: BLE001 - not initialised: msrun's RANK_ID is all there is
+        return fallback
+
+
+def _run(args) -> int:
+    from migrate.parallel.layout import Layout
+    from migrate.parallel.runtime import start_parallel
+    from migrate.train.config import RunConfig
+
+    cfg = RunConfig.load(args.config)
+    layout = Layout(dp=args.dp, mp=args.mp, pp=args.pp, micro_batches=args.micro_batches,
+                    optimizer_shard=args.optimizer_shard, micro_batch_size=cfg.micro_batch_size,
+                    grad_accum_steps=cfg.grad_accum_steps)
+    parallel = start_parallel(layout)  # the scheduler process stays in here until the job ends
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return 0
+    _fault_hook(parallel.rank)
+    import mindspore as ms
+
+    if args.threads > 0 and ms.get_context("device_target") == "CPU":  # ranks on one machine share its cores
+        ms.set_context(runtime_num_threads=args.threads)
+    from migrate.train.trainer import train
+
+    prefix = f"migrate[rank {parallel.rank}]"
+    print(f"{prefix}: joined {parallel.size} ranks; {layout.batch_line(cfg.seq_length)}", flush=True)
+    train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel,
+          log=lambda line: print(f"{prefix}: {line}", flush=True))
+    print(f"{prefix}: done", flush=True)
+    return 0
+
+
+def _fault_hook(rank: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec:
+        fault_rank, code = (int(x) for x in spec.split(":"))
+        if fault_rank == rank:
+            print(f"migrate[rank {rank}]: {FAULT_ENV} asks for exit code {code}", flush=True)
+            raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
