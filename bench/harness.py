@@ -5,7 +5,7 @@
   seconds from a small pool of random values: no torch model is built.
 - `measure(mode, src, out)`: runs one conversion in a child process
   (`python harness.py child MODE SRC OUT`) and returns its wall time, the
-  conversion time it reports and its peak RSS (`os.wait4`'s ru_maxrss).
+  conversion time it reports and its peak RSS (the child's own VmHWM).
   Modes: "ours" (`migrate.convert.convert`), "whole" (the field's way: the
   whole state dict loaded with `safetensors.torch.load_file`, renamed, then
   `mindspore.save_checkpoint`), "idle" (imports only, for the fixed overhead).
@@ -85,7 +85,7 @@ def make_llama(folder: Path, size: int, shard_size: int = GiB, seed: int = 0) ->
     """Write a synthetic bf16 HF Llama of about `size` bytes; return facts about it."""
     from migrate.checkpoints.ms_safetensors import SafetensorsWriter
     from migrate.checkpoints.sharding import plan_shards
-    from mindspore.common.np_dtype import bfloat16
+    from migrate.checkpoints.dtypes import bfloat16
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -122,20 +122,20 @@ def make_llama(folder: Path, size: int, shard_size: int = GiB, seed: int = 0) ->
 
 
 # ---------------------------------------------------------------- children
-def child_ours(src: str, out: str, fmt: str, max_shard_size: str | None, reps: int, no_hash: bool) -> dict:
+def child_ours(src: str, out: str, fmt: str, max_shard_size: str | None, reps: int, with_hash: bool) -> dict:
     """`reps` timed conversions (each output deleted and synced, untimed, before the
-    next); with `no_hash`, each rep also runs once without the source sha256."""
+    next); with `with_hash`, each rep also runs once with --hash-sources."""
     from migrate.convert import convert
     from migrate.hf_config import load_hf_config
 
     load_hf_config(Path(src))  # imports transformers (and torch) now: a fixed cost, not timed
-    times: dict[str, list[float]] = {"seconds": [], "no_hash_seconds": []}
-    cpu: dict[str, list[float]] = {"seconds": [], "no_hash_seconds": []}
+    times: dict[str, list[float]] = {"seconds": [], "hashed_seconds": []}
+    cpu: dict[str, list[float]] = {"seconds": [], "hashed_seconds": []}
     for _ in range(reps):
-        for key in ("seconds", "no_hash_seconds") if no_hash else ("seconds",):
+        for key in ("seconds", "hashed_seconds") if with_hash else ("seconds",):
             clean(Path(out))
             started, cpu_started = time.perf_counter(), _cpu_seconds()
-            convert(src, out, fmt=fmt, max_shard_size=max_shard_size, hash_sources=key == "seconds")
+            convert(src, out, fmt=fmt, max_shard_size=max_shard_size, hash_sources=key == "hashed_seconds")
             times[key].append(time.perf_counter() - started)
             cpu[key].append(_cpu_seconds() - cpu_started)
     result = {key: min(values) for key, values in times.items() if values}
@@ -150,7 +150,7 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child_whole(src: str, out: str, fmt: str, max_shard_size: str | None, reps: int, no_hash: bool) -> dict:
+def child_whole(src: str, out: str, fmt: str, max_shard_size: str | None, reps: int, with_hash: bool) -> dict:
     """What the field's converters do: the whole state dict in memory, renamed,
     each tensor made a MindSpore tensor, then one `mindspore.save_checkpoint`."""
     import mindspore as ms
@@ -180,7 +180,7 @@ def child_whole(src: str, out: str, fmt: str, max_shard_size: str | None, reps: 
     return {"seconds": time.perf_counter() - started, "cpu_seconds": _cpu_seconds() - cpu_started}
 
 
-def child_idle(src: str, out: str, fmt: str, max_shard_size: str | None, reps: int, no_hash: bool) -> dict:
+def child_idle(src: str, out: str, fmt: str, max_shard_size: str | None, reps: int, with_hash: bool) -> dict:
     import migrate.convert  # noqa: F401  (what "ours" imports before converting)
     from migrate.hf_config import load_hf_config
 
@@ -201,12 +201,12 @@ class Run:
 
 
 def measure(mode: str, src: Path, out: Path, fmt: str = "ckpt", max_shard_size: str | None = None,
-            reps: int = 1, no_hash: bool = False) -> Run:
+            reps: int = 1, with_hash: bool = False) -> Run:
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))
     argv = [sys.executable, str(HERE / "harness.py"), "child", mode, str(src), str(out), "--fmt", fmt,
             "--reps", str(reps)] + (["--shard", max_shard_size] if max_shard_size else []) + \
-        (["--no-hash"] if no_hash else [])
+        (["--with-hash"] if with_hash else [])
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
         started = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env)
@@ -219,7 +219,8 @@ def measure(mode: str, src: Path, out: Path, fmt: str = "ckpt", max_shard_size: 
     if code != 0 or not lines:
         raise RuntimeError(f"{mode} child failed ({code}):\n{err_text[-3000:]}")
     detail = json.loads(lines[-1])
-    return Run(mode, wall, detail["seconds"], usage.ru_maxrss * 1024, detail)
+    peak = detail.get("peak_rss") or usage.ru_maxrss * 1024  # ru_maxrss where /proc is absent
+    return Run(mode, wall, detail["seconds"], peak, detail)
 
 
 def time_cp(files: list[Path], dest: Path) -> tuple[float, float]:
@@ -249,15 +250,29 @@ def _child_main(argv: list[str]) -> None:
     parser.add_argument("--fmt", default="ckpt")
     parser.add_argument("--shard")
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--no-hash", action="store_true")
+    parser.add_argument("--with-hash", action="store_true")
     args = parser.parse_args(argv)
-    result = CHILDREN[args.mode](args.src, args.out, args.fmt, args.shard, args.reps, args.no_hash)
-    print(json.dumps(result))
+    result = CHILDREN[args.mode](args.src, args.out, args.fmt, args.shard, args.reps, args.with_hash)
+    print(json.dumps(result | {"peak_rss": _own_peak_rss()}))
+
+
+def _own_peak_rss() -> int | None:
+    """This process's peak resident memory (VmHWM), in bytes. Not ru_maxrss: the
+    kernel carries the parent's high-water mark into a child spawned with vfork
+    across exec, so a child of a big process (a pytest run) reports at least its
+    parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         _child_main(sys.argv[2:])
     else:
-        sys.exit("usage: harness.py child MODE SRC OUT [--fmt F] [--shard S] [--reps N] [--no-hash] "
+        sys.exit("usage: harness.py child MODE SRC OUT [--fmt F] [--shard S] [--reps N] [--with-hash] "
                  "(run bench/convert.py instead)")
