@@ -15,10 +15,15 @@ def _cmd_convert(args) -> int:
     from migrate.convert import convert
     from migrate.ui import console, progress_bar
 
+    target = args.target
+    if args.qkv_concat:
+        if target not in (None, "qkv_concat", "mcore"):  # mcore is fused already
+            raise MigrateError(f"--qkv-concat cannot be combined with --target {target}")
+        target = target or "qkv_concat"
     with progress_bar("converting") as update:
         result = convert(args.src_dir, args.out_dir, keymap=args.keymap or args.src, fmt=args.format,
                          dtype=args.dtype, overwrite=args.overwrite, on_tensor=update,
-                         max_shard_size=args.max_shard_size)
+                         max_shard_size=args.max_shard_size, hash_sources=args.hash_sources, target=target)
     console().print(
         f"[green]converted[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.2f}s -> {result.out_dir}"
@@ -97,11 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src_dir")
     p.add_argument("out_dir")
     p.add_argument("--src", default="hf_llama",
-                   help="source family (a keymap name: hf_llama, hf_qwen2, hf_mistral) or 'auto' from config.json")
+                   help="source family (a keymap name: hf_llama, hf_qwen2, hf_mistral, hf_gpt2, hf_bert) "
+                        "or 'auto' from config.json")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--format", choices=["ckpt", "safetensors"], default="ckpt")
     p.add_argument("--dtype", choices=["keep", "fp32", "fp16", "bf16"], default="keep")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--qkv-concat", action="store_true",
+                   help="MindFormers' fused layout: attention.w_qkv (per KV group) and feed_forward.w_gate_hidden "
+                        "(gate/up interleaved); the same as --target qkv_concat")
+    p.add_argument("--target", metavar="NAME",
+                   help="another MindSpore layout from the keymap's `targets` (hf_llama and its family: "
+                        "qkv_concat, mcore = MindFormers 2.x names)")
+    p.add_argument("--hash-sources", action="store_true",
+                   help="record the sha256 of every source file in conversion.json (about 1 CPU-second per GB)")
     p.add_argument("--max-shard-size", metavar="SIZE",
                    help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
                         "default 1.9GB for ckpt, one file for safetensors")

@@ -4,7 +4,10 @@ Driven entirely by a keymap. Coverage is checked against the bundled model's
 own parameter shapes (read from a model built without parameter data) before
 any data moves; then every tensor streams from the source files to the output
 files in bounded chunks, reading and writing overlapped (`checkpoints.stream`),
-so peak memory does not grow with tensor, shard or model size. Output above
+so peak memory does not grow with tensor, shard or model size. Keymap rows
+that fuse or split tensors through a layout (`migrate.transforms`: MindFormers'
+w_qkv, GPT-2's c_attn) are the exception: each such group is materialized alone,
+when its first output is written, and dropped after its last. Output above
 the shard size is split into shards with an index (`checkpoints.sharding`).
 The output folder appears under its final name only when complete.
 """
@@ -32,9 +35,10 @@ from migrate.checkpoints.sharding import (
 )
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
-from migrate.keymap import resolve
-from migrate.models.config import LlamaConfig
-from migrate.models.registry import MODEL_CLASS_FIELD, parameter_shapes
+from migrate.keymap import TARGET_FIELD, resolve
+from migrate.models.config import ConfigIO, config_class
+from migrate.models.registry import MODEL_CLASS_FIELD
+from migrate.models.shapes import expected_shapes
 from migrate.sidecar import copy_sidecars
 
 FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-file names
@@ -44,7 +48,7 @@ FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-f
 class ConversionResult:
     out_dir: Path
     checkpoint: Path                 # the checkpoint file, or the index of a sharded one
-    config: LlamaConfig
+    config: ConfigIO                 # the target model's config (LlamaConfig, GPT2Config, ...)
     tensors: int = 0
     parameters: int = 0
     bytes_written: int = 0           # tensor bytes
@@ -63,13 +67,17 @@ def convert(
     on_tensor: Callable[[str, int, int], None] | None = None,
     max_shard_size: int | str | None = None,
     crc: bool = False,
-    hash_sources: bool = True,
+    hash_sources: bool = False,
+    target: str | None = None,
 ) -> ConversionResult:
     """Convert; `max_shard_size` (bytes or "1.9GB"-style) defaults to 1.9GB for .ckpt
     and to one file for safetensors; `crc` appends MindSpore's CRC32 trailer to each
     .ckpt file (checked by `mindspore.load_checkpoint(crc_check=True)` and by our reader).
-    `hash_sources=False` leaves the sha256 of the source files out of conversion.json:
-    hashing runs beside the copy but costs about 0.9 CPU-seconds per GB."""
+    `hash_sources=True` records the sha256 of every source file in conversion.json
+    (otherwise their names and sizes): hashing runs beside the copy, but at about
+    0.9 CPU-seconds per GB it costs more than the copy itself, so it is opt-in.
+    `target` names an entry of the keymap's `targets` (another MindSpore layout of the
+    same model, e.g. "qkv_concat" or "mcore"); None converts to the keymap's own layout."""
     started = time.perf_counter()
     src, out = Path(src_dir), Path(out_dir)
     if fmt not in FORMATS:
@@ -93,8 +101,11 @@ def convert(
     raw_config = read_raw_config(src)
     km = resolve(keymap, raw_config)  # a family name, "auto", or a keymap file checked against the registry
     km.check_source(raw_config)
+    km = km.for_source(raw_config).with_target(target)  # the architecture's variant, then the target layout
     ms_fields = km.hf_to_ms_config(load_hf_config(src))
-    ckpt = open_hf_checkpoint(src)
+    from migrate.keymap_check import with_base_prefix
+
+    ckpt = with_base_prefix(open_hf_checkpoint(src), km)  # a base-model-only file reads under full names
     try:
         return _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc,
                         hash_sources, started)
@@ -107,22 +118,27 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
     out_dtype = _choose_dtype(ckpt, dtype)
     ms_fields["compute_dtype"] = COMPUTE_DTYPE[out_dtype]
     ms_fields[MODEL_CLASS_FIELD] = km.target
-    config = LlamaConfig.from_dict(ms_fields)
-    expected = _expected_shapes(config)
+    if km.target_name:
+        ms_fields[TARGET_FIELD] = km.target_name  # the model loads the checkpoint back through it
+    config = config_class(km.target).from_dict(ms_fields)
+    fields = config.to_dict()
+    expected = expected_shapes(config, km.target)  # computed without importing MindSpore
 
-    pairs, tied = km.pairs(config.to_dict())
-    _check_coverage(ckpt, pairs, tied, km.ignored(config.to_dict()), expected)
+    groups, tied = km.groups(fields)
+    _check_coverage(ckpt, groups, tied, km.ignored(fields), expected, fields)
+    written_name = _checkpoint_names(km, fields, expected)
 
     position = {name: i for i, name in enumerate(expected)}
-    ordered = sorted(pairs, key=lambda p: position.get(p.dst, len(position)))
-    jobs = [_job(ckpt, pair, out_dtype, kernel_copy=not crc) for pair in ordered]
+    ordered = sorted(groups, key=lambda g: min(position.get(d, len(position)) for d in g.dst))
+    jobs = [job for group in ordered
+            for job in _group_jobs(ckpt, group, out_dtype, not crc, fields, written_name)]
     shards = _plan(jobs, fmt, max_bytes, crc)
 
     result = ConversionResult(out, out / FORMATS[fmt], config)
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         tied_records = _check_tied(ckpt, tied)  # before the long part: fail fast
         hasher = _SourceHasher(_source_files(src, ckpt), enabled=hash_sources)  # beside the conversion
-        source_of = {pair.dst: pair.src for pair in ordered}
+        record_of = {written_name(d): _record(g, d) for g in ordered for d in g.dst}
         writer = ShardedWriter(tmp, fmt, shards, _writer_factory(fmt, jobs, crc),
                                {"producer": f"migrate {__version__}"})
 
@@ -131,7 +147,7 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
             result.parameters += job.size
             result.bytes_written += job.size * job.dtype.itemsize
             result.records.append({
-                "source": source_of[job.name], "target": job.name, "shape": list(job.shape),
+                **record_of[job.name], "target": job.name, "shape": list(job.shape),
                 "source_dtype": short_name(job.src_dtype), "dtype": short_name(job.dtype),
             })
             if on_tensor:
@@ -151,7 +167,8 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
         sidecars = copy_sidecars(src, tmp)
         manifest = {
             "tool": f"migrate {__version__}",
-            "keymap": {"name": km.name, "version": km.version, "file": km.path.name},
+            "keymap": {"name": km.name, "version": km.version, "file": km.path.name,
+                       "variant": km.variant, "target": km.target_name},
             "target": km.target,
             "format": fmt,
             "dtype": short_name(out_dtype),
@@ -159,7 +176,7 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
             "sources": sources,
             "tensors": result.records,
             "tied": tied_records,
-            "ignored": sorted(n for n in ckpt.specs if n in km.ignored(config.to_dict())),
+            "ignored": sorted(n for n in ckpt.specs if n in km.ignored(fields)),
             "parameters": result.parameters,
             "copied": sidecars,
         }
@@ -168,27 +185,82 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
     return result
 
 
-def _expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter names and shapes of the bundled model, built without allocating
-    its parameters (building it normally would allocate and initialise the whole model)."""
-    from migrate.models.loading import build_lazy_model
-
-    return parameter_shapes(build_lazy_model(config))
-
-
-def _job(ckpt, pair, out_dtype, kernel_copy: bool) -> stream.Job:
-    spec = ckpt.specs[pair.src]
+def _group_jobs(ckpt, group, out_dtype, kernel_copy: bool, fields: dict, written_name) -> list[stream.Job]:
+    """The output tensors of one keymap row: a rename streams straight from the file;
+    a fused row's outputs come from `_FusedGroup`, one group in memory at a time."""
+    spec = ckpt.specs[group.src[0]]
     src_dtype = spec.numpy_dtype
     dtype = out_dtype if is_float(src_dtype) else src_dtype  # integer tensors keep their dtype
-    name = pair.src
-    return stream.Job(
-        pair.dst, tuple(spec.shape), src_dtype, dtype,
-        read_into=lambda start, buffer: ckpt.read_into(name, start, buffer),
-        cast=cast_into if dtype != src_dtype else None,
-        # Unchanged bytes lying in a file go file to file in the kernel; with a CRC to
-        # compute they must pass through memory, and then reading and writing overlap.
-        source=ckpt.source(name) if kernel_copy and dtype == src_dtype else None,
-    )
+    cast = cast_into if dtype != src_dtype else None
+    if group.layout is None:
+        name = group.src[0]
+        return [stream.Job(
+            written_name(group.dst[0]), tuple(spec.shape), src_dtype, dtype,
+            read_into=lambda start, buffer: ckpt.read_into(name, start, buffer),
+            cast=cast,
+            # Unchanged bytes lying in a file go file to file in the kernel; with a CRC to
+            # compute they must pass through memory, and then reading and writing overlap.
+            source=ckpt.source(name) if kernel_copy and cast is None else None,
+        )]
+    fused = _FusedGroup(ckpt, group, fields)
+    shapes = group.transform().out_shapes([ckpt.specs[s].shape for s in group.src], fields)
+    return [stream.Job(written_name(dst), tuple(shape), src_dtype, dtype,
+                       read_into=lambda start, buffer, k=k: fused.read_into(k, start, buffer), cast=cast)
+            for k, (dst, shape) in enumerate(zip(group.dst, shapes))]
+
+
+class _FusedGroup:
+    """One fused keymap row (N sources -> M targets through a layout), materialized when
+    its first output is read and dropped once every output has been read. The layouts
+    only move bytes, so the sources are read as raw unsigned integers of their item
+    size: every dtype, bf16 included, comes through bit for bit."""
+
+    def __init__(self, ckpt, group, fields: dict):
+        self.ckpt, self.group, self.fields = ckpt, group, fields
+        self.outputs: list[np.ndarray] | None = None
+        self.pending = len(group.dst)
+
+    def _raw(self, name: str) -> np.ndarray:
+        spec = self.ckpt.specs[name]
+        raw = np.empty(tuple(spec.shape), np.dtype(f"<u{spec.numpy_dtype.itemsize}"))
+        if raw.size:
+            self.ckpt.read_into(name, 0, raw.reshape(-1).view(np.uint8))
+        return raw
+
+    def read_into(self, k: int, start: int, out: np.ndarray) -> None:
+        if self.outputs is None:
+            arrays = self.group.transform().forward([self._raw(s) for s in self.group.src], self.fields)
+            self.outputs = [a.reshape(-1).view(np.uint8) for a in arrays]
+        data = self.outputs[k]
+        out[:] = data[start:start + out.size]
+        if start + out.size == data.size:
+            self.pending -= 1
+            if not self.pending:
+                self.outputs = None
+
+
+def _record(group, dst: str) -> dict:
+    """conversion.json's account of where one written tensor came from."""
+    if group.layout is None:
+        return {"source": group.src[0]}
+    return {"source": list(group.src), "layout": group.layout, "parameter": dst}
+
+
+def _checkpoint_names(km, fields: dict, expected) -> Callable[[str], str]:
+    """Model parameter name -> name written in the checkpoint (the same, unless the
+    keymap target renames: then every parameter must get a distinct name)."""
+    names = km.checkpoint_names(fields)
+    if not names:
+        return lambda name: name
+    unnamed = [name for name in expected if name not in names]
+    if unnamed:
+        raise MigrateError(f"keymap {km.name} target {km.target_name} gives no checkpoint name to "
+                           f"{', '.join(unnamed[:5])}")
+    taken = Counter(names[name] for name in expected)
+    twice = [name for name, n in taken.items() if n > 1]
+    if twice:
+        raise MigrateError(f"keymap {km.name} target {km.target_name} writes {twice[0]} twice")
+    return names.__getitem__
 
 
 def _plan(jobs, fmt, max_bytes, crc) -> list[list[str]]:
@@ -243,21 +315,17 @@ def _choose_dtype(ckpt, dtype: str) -> np.dtype:
     return next(iter(floats))
 
 
-def _check_coverage(ckpt, pairs, tied, ignored, expected) -> None:
-    sources = set(ckpt.specs)
-    consumed = {p.src for p in pairs} | {t.src for t in tied} | (ignored & sources)
-    missing = [f"{p.src} (-> {p.dst})" for p in pairs if p.src not in sources]
-    unexpected = sorted(sources - consumed)
-    targets = {p.dst for p in pairs}
-    missing += [f"{name} (model parameter no keymap entry fills)" for name in expected if name not in targets]
-    unexpected += [f"{p.dst} (keymap target the model lacks)" for p in pairs if p.dst not in expected]
-    misshaped = [
-        f"{p.src} {list(ckpt.specs[p.src].shape)} vs model {p.dst} {list(expected[p.dst])}"
-        for p in pairs
-        if p.src in sources and p.dst in expected and tuple(ckpt.specs[p.src].shape) != expected[p.dst]
-    ]
-    if missing or unexpected or misshaped:
-        raise CoverageError(missing, unexpected, misshaped)
+def _check_coverage(ckpt, groups, tied, ignored, expected, fields: dict) -> None:
+    from migrate.keymap_check import coverage
+
+    found = coverage(ckpt.specs, groups, tied, ignored, expected, fields)
+    if not found.complete:
+        target_of = {s: ", ".join(g.dst) for g in groups for s in g.src}
+        missing = [f"{s} (-> {target_of[s]})" for s in found.absent_source]
+        missing += [f"{name} (model parameter no keymap entry fills)" for name in found.unfilled_target]
+        unexpected = found.unmapped_source + [f"{d} (keymap target the model lacks)" for d in found.unknown_target]
+        unexpected += [f"{d} (filled by several keymap entries)" for d in found.twice_filled]
+        raise CoverageError(missing, unexpected, found.misshaped)
 
 
 def _check_tied(ckpt, tied) -> list[dict]:

@@ -1,6 +1,8 @@
 """`migrate export`: MindSpore checkpoint folder -> HF folder, inverting the
-same keymap that `convert` used. Weights go to `model.safetensors` with the
-HF names; config.json is rebuilt from model.yaml through transformers.
+same keymap that `convert` used (its variant and target, as model.yaml records
+them). Weights go to `model.safetensors` with the HF names; fused tensors are
+split back through the inverse of their layout, bit for bit; config.json is
+rebuilt from model.yaml through transformers.
 """
 from __future__ import annotations
 
@@ -8,15 +10,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from migrate import __version__
 from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
-from migrate.keymap import recorded_keymap, resolve
-from migrate.models.config import LlamaConfig
-from migrate.models.registry import MODEL_CLASS_FIELD
+from migrate.keymap import MODEL_CLASS, TARGET_FIELD, recorded_keymap, resolve
+from migrate.models.config import load_model_config
 from migrate.sidecar import copy_sidecars
 
 HF_WEIGHTS = "model.safetensors"
@@ -38,31 +41,75 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
         raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
     if out.exists() and not overwrite:
         raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
-    km = resolve(keymap or recorded_keymap(ms_dir))
-    config = LlamaConfig.load(ms_dir / "model.yaml")
+    config = load_model_config(ms_dir)
     ms_fields = config.to_dict()
+    km = resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields)
     ckpt = open_ms_checkpoint(ms_dir)
 
-    pairs, _tied = km.pairs(ms_fields)
-    to_hf = {p.dst: p.src for p in pairs}
-    missing = [f"{p.dst} (-> {p.src})" for p in pairs if p.dst not in ckpt.specs]
-    unexpected = [name for name in ckpt.specs if name not in to_hf]
+    groups, _tied = km.groups(ms_fields)
+    renamed = km.checkpoint_names(ms_fields)
+    member = {}  # checkpoint name -> (group index, position among the group's targets)
+    for i, group in enumerate(groups):
+        for k, dst in enumerate(group.dst):
+            member[renamed.get(dst, dst)] = (i, k)
+    missing = [f"{name} (-> {', '.join(groups[i].src)})" for name, (i, _) in member.items()
+               if name not in ckpt.specs]
+    unexpected = [name for name in ckpt.specs if name not in member]
     if missing or unexpected:
         raise CoverageError(missing, unexpected)
 
-    hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k != MODEL_CLASS_FIELD})
+    specs = _hf_specs(ckpt, groups, member, ms_fields)
+    hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k not in (MODEL_CLASS, TARGET_FIELD)})
     hf_fields["dtype"] = config.compute_dtype
-    specs = [(to_hf[name], dtype, shape) for name, (dtype, shape) in ckpt.specs.items()]
     count = params = 0
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         metadata = {"format": "pt", "producer": f"migrate {__version__}"}
         with SafetensorsWriter(tmp / HF_WEIGHTS, specs, metadata=metadata) as writer:
-            for i, (name, array) in enumerate(ckpt.tensors()):
-                writer.write(to_hf[name], array)
-                count += 1
-                params += int(array.size)
-                if on_tensor:
-                    on_tensor(to_hf[name], i + 1, len(specs))
+            pending: dict[int, dict[int, np.ndarray]] = {}  # parts of fused groups read so far
+            for name, array in ckpt.tensors():
+                i, k = member[name]
+                parts = pending.setdefault(i, {})
+                parts[k] = array
+                if len(parts) < len(groups[i].dst):
+                    continue
+                del pending[i]
+                for hf_name, value in zip(groups[i].src, _unfuse(groups[i], parts, ms_fields)):
+                    writer.write(hf_name, value)
+                    count += 1
+                    params += int(value.size)
+                    if on_tensor:
+                        on_tensor(hf_name, count, len(specs))
         write_hf_config(tmp, hf_fields)
         copy_sidecars(ms_dir, tmp)
     return ExportResult(out, count, params, time.perf_counter() - started)
+
+
+def _hf_specs(ckpt, groups, member, fields) -> list[tuple]:
+    """(HF name, dtype, shape) in the order export writes them: a group's sources
+    once the last of its targets has been read."""
+    seen: dict[int, list[tuple]] = {}
+    specs = []
+    for name, (dtype, shape) in ckpt.specs.items():
+        i, k = member[name]
+        parts = seen.setdefault(i, [None] * len(groups[i].dst))
+        parts[k] = (dtype, tuple(shape))
+        if any(p is None for p in parts):
+            continue
+        group = groups[i]
+        if group.layout is None:
+            specs.append((group.src[0], dtype, tuple(shape)))
+            continue
+        if len({np.dtype(d) for d, _ in parts}) > 1:
+            raise MigrateError(f"cannot split {', '.join(group.dst)}: their dtypes differ")
+        shapes = group.transform().in_shapes([s for _, s in parts], fields)
+        specs += [(src, parts[0][0], s) for src, s in zip(group.src, shapes)]
+    return specs
+
+
+def _unfuse(group, parts: dict[int, np.ndarray], fields) -> list[np.ndarray]:
+    arrays = [parts[k] for k in range(len(group.dst))]
+    if group.layout is None:
+        return arrays
+    dtype = arrays[0].dtype
+    raw = [np.ascontiguousarray(a).view(f"<u{dtype.itemsize}") for a in arrays]  # layouts move bytes only
+    return [a.view(dtype) for a in group.transform().inverse(raw, fields)]

@@ -2,11 +2,32 @@
 config fields both ways, and pair source/target parameter names.
 
 A keymap is data; this module holds no parameter name of any model.
+
+Rows of `params` (HF -> MindSpore):
+    hf.name: ms.name                                      a rename
+    hf.name: {to: ms.name, when: FLAG, tied_to: hf.other}  a conditional or tied rename
+    label:   {from: [hf.a, hf.b], to: [ms.x], layout: NAME, when: FLAG}
+                                                          N source tensors -> M targets through a
+                                                          named layout of `migrate.transforms`
+                                                          (a list or "a+b" chains layouts)
+`when: "!FLAG"` negates. A `null` row drops an inherited one.
+
+Beyond `params`, a keymap may hold:
+- `vars`: `{name}` placeholders substituted in every tensor name (e.g. a prefix);
+- `base_prefix`: HF's base-model prefix (`transformer.`): a checkpoint saved from the base
+  model alone has no name starting with it, and is read as if every name did;
+- `variants`: per HF architecture (config.json `architectures`), sections that override
+  the base ones (another `target` model, other `vars`, extra `params`, another `align`);
+- `targets`: named alternative MindSpore layouts of the same model (`--target NAME`),
+  each overriding sections (`config_constants`, `params`) and optionally renaming the
+  bundled model's parameters in the written checkpoint (`rename`: model name -> checkpoint
+  name), e.g. MindFormers' fused `qkv_concat` layout and its mcore names.
 """
 from __future__ import annotations
 
+import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +36,17 @@ import yaml
 from migrate.errors import MigrateError
 
 KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS", Path(__file__).resolve().parent.parent / "keymaps"))
+TARGET_FIELD = "keymap_target"   # model.yaml field naming the keymap target a checkpoint was written for
+MODEL_CLASS = "model_class"      # model.yaml field naming the bundled model class
 
 
 @dataclass(frozen=True)
 class ParamRule:
-    src: str                 # HF name template
-    dst: str                 # MindSpore name template
-    when: str | None = None  # MindSpore config flag that must be true
-    tied_to: str | None = None  # HF name this weight equals when embeddings are tied
+    src: tuple[str, ...]           # HF name templates (one for a rename)
+    dst: tuple[str, ...]           # MindSpore name templates
+    when: str | None = None        # MindSpore config flag that must be true ("!FLAG": false)
+    tied_to: str | None = None     # HF name this weight equals when embeddings are tied (renames only)
+    layout: str | None = None      # migrate.transforms layout (chain "a+b") of a fused row
 
 
 @dataclass(frozen=True)
@@ -30,6 +54,21 @@ class Pair:
     src: str
     dst: str
     tied_to: str | None = None  # set when the pair is dropped because it is tied
+
+
+@dataclass(frozen=True)
+class Group:
+    """One active keymap row for one layer: source tensors -> target tensors. A
+    rename has one of each and no layout; a fused row names its layout."""
+
+    src: tuple[str, ...]
+    dst: tuple[str, ...]
+    layout: str | None = None
+
+    def transform(self):
+        from migrate.transforms import get_layout
+
+        return get_layout(self.layout)
 
 
 @dataclass
@@ -44,9 +83,14 @@ class Keymap:
     config: list[tuple[str, list[str]]]
     passthrough: dict[str, Any]
     rules: list[ParamRule]
-    ignore: list[str]
+    ignore: list[tuple[str, str | None]]       # (name template, when)
     align: dict[str, str]
     constants: dict[str, Any]
+    rename: dict[str, str] = field(default_factory=dict)   # model name template -> checkpoint name template
+    base_prefix: str = ""                      # HF base-model prefix a checkpoint may lack (GPT-2 hub files)
+    variant: str | None = None                 # the architecture whose variant is applied
+    target_name: str | None = None             # the applied entry of `targets`
+    data: dict = field(default_factory=dict, repr=False)   # merged YAML, variants and targets unapplied
 
     # ---------- loading ----------
     @classmethod
@@ -63,33 +107,114 @@ class Keymap:
             raise MigrateError(f"invalid keymap {path}: {exc}") from None
 
     @classmethod
-    def _from_data(cls, data: dict, path: Path) -> "Keymap":
-        rules = []
-        for src, spec in data["params"].items():
-            if isinstance(spec, str):
-                rules.append(ParamRule(src, spec))
-            else:
-                rules.append(ParamRule(src, spec["to"], spec.get("when"), spec.get("tied_to")))
+    def _from_data(cls, data: dict, path: Path, variant: str | None = None,
+                   target_name: str | None = None, applied: dict | None = None) -> "Keymap":
+        """`data`: the keymap as read; `applied`: it with a variant and/or target merged in."""
+        view = data if applied is None else applied
+        names = dict(view.get("vars") or {})
+        if "layer" in names:
+            raise ValueError("`layer` is reserved for the layer index and cannot be a var")
+
+        def sub(text: str) -> str:
+            for key, value in names.items():
+                text = text.replace("{" + key + "}", str(value))
+            return text
+
+        rules = [_rule(sub(key), spec, sub) for key, spec in view["params"].items() if spec is not None]
         config = []
-        for hf_field, ms_fields in data["config"].items():
+        for hf_field, ms_fields in view["config"].items():
             if ms_fields is None:  # an inheriting keymap drops a row of its base
                 continue
             config.append((hf_field, [ms_fields] if isinstance(ms_fields, str) else list(ms_fields)))
+        ignore = []
+        for entry in view.get("ignore") or []:
+            if isinstance(entry, str):
+                ignore.append((sub(entry), None))
+            else:
+                ignore.append((sub(entry["name"]), entry.get("when")))
         return cls(
             name=data["family"],
             version=int(data.get("version", 1)),
             path=path,
             model_types=list(data.get("model_type", [])),
             architectures=list(data.get("architectures", [])),
-            target=data["target"],
-            layer_count=data.get("layer_count", "num_layers"),
+            target=view["target"],
+            layer_count=view.get("layer_count", "num_layers"),
             config=config,
-            passthrough={k: v for k, v in data.get("config_passthrough", {}).items() if v is not None},
+            passthrough={k: v for k, v in (view.get("config_passthrough") or {}).items() if v is not None},
             rules=rules,
-            ignore=list(data.get("ignore", [])),
-            align=dict(data.get("align", {})),
-            constants=dict(data.get("config_constants", {})),
+            ignore=ignore,
+            align={k: sub(v) for k, v in (view.get("align") or {}).items() if v is not None},
+            constants={k: v for k, v in (view.get("config_constants") or {}).items() if v is not None},
+            rename={sub(k): sub(v) for k, v in (view.get("rename") or {}).items() if v is not None},
+            base_prefix=view.get("base_prefix") or "",
+            variant=variant,
+            target_name=target_name,
+            data=data,
         )
+
+    # ---------- variants and targets ----------
+    def variants(self) -> dict[str, dict]:
+        return dict(self.data.get("variants") or {})
+
+    def targets(self) -> dict[str, dict]:
+        return {k: v for k, v in (self.data.get("targets") or {}).items() if v is not None}
+
+    def _apply(self, variant: str | None, target: str | None) -> "Keymap":
+        view = copy.deepcopy({k: v for k, v in self.data.items() if k not in ("variants", "targets")})
+        if variant is not None:
+            view = _merge(view, self.variants()[variant])
+        if target is not None:
+            for step in self._target_chain(target):
+                view = _merge(view, {k: v for k, v in self.targets()[step].items()
+                                     if k not in ("extends", "description")})
+        try:
+            return Keymap._from_data(self.data, self.path, variant, target, view)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MigrateError(f"invalid keymap {self.path}: {exc}") from None
+
+    def _target_chain(self, target: str) -> list[str]:
+        targets, chain = self.targets(), []
+        while target is not None:
+            if target not in targets:
+                known = ", ".join(targets) or "none"
+                raise MigrateError(f"keymap {self.name} has no target {target!r} (its targets: {known})")
+            if target in chain:
+                raise MigrateError(f"keymap {self.name}: targets extend each other in a loop ({target})")
+            chain.insert(0, target)
+            target = targets[target].get("extends")
+        return chain
+
+    def for_source(self, hf_config: dict) -> "Keymap":
+        """The variant for the HF checkpoint's architecture (the base keymap when it names none)."""
+        archs = hf_config.get("architectures") or []
+        for arch in archs:
+            if arch in self.variants():
+                return self._apply(arch, self.target_name)
+        if self.variants() and archs and not set(archs) & set(self.architectures):
+            # With variants, the architecture decides the tensors: an unknown one cannot fall back.
+            raise MigrateError(f"keymap {self.name} converts {', '.join(self.architectures)}; "
+                               f"this checkpoint is {', '.join(archs)}")
+        return self
+
+    def for_model_class(self, model_class: str | None) -> "Keymap":
+        """The variant whose target is `model_class` (a converted folder's model.yaml)."""
+        if not model_class or model_class == self.target:
+            return self
+        for arch, over in self.variants().items():
+            if (over or {}).get("target") == model_class:
+                return self._apply(arch, self.target_name)
+        return self
+
+    def with_target(self, target: str | None) -> "Keymap":
+        """The keymap with entry `target` of `targets` applied (None: unchanged)."""
+        if target is None or target == self.target_name:
+            return self
+        return self._apply(self.variant, target)
+
+    def for_model(self, ms_config: dict) -> "Keymap":
+        """The variant and target a converted folder's model.yaml names."""
+        return self.for_model_class(ms_config.get(MODEL_CLASS)).with_target(ms_config.get(TARGET_FIELD))
 
     # ---------- config ----------
     def check_source(self, hf_config: dict) -> None:
@@ -113,14 +238,15 @@ class Keymap:
                 value = {k: v for k, v in value.items() if k not in taken} or None
             for ms_field in ms_fields:
                 out[ms_field] = value
-        out.update(self.constants)  # facts of the family, not spelled in its config.json
+        out.update(self.constants)  # facts of the family (or target), not spelled in its config.json
         return out
 
     def ms_to_hf_config(self, ms_config: dict) -> dict[str, Any]:
         for name, value in self.constants.items():
             if name in ms_config and ms_config[name] != value:
                 raise MigrateError(f"cannot export as {self.name}: model has {name}={ms_config[name]!r}, "
-                                   f"the family fixes {value!r}")
+                                   f"the {'target ' + self.target_name if self.target_name else 'family'} "
+                                   f"fixes {value!r}")
         out: dict[str, Any] = dict(self.passthrough)
         # Whole-dict rows first, so dotted rows can fill into them.
         for hf_field, ms_fields in sorted(self.config, key=lambda row: row[0].count(".")):
@@ -139,35 +265,111 @@ class Keymap:
         return out
 
     # ---------- parameters ----------
-    def pairs(self, ms_config: dict) -> tuple[list[Pair], list[Pair]]:
-        """(active pairs, tied pairs) for one model config, templates expanded."""
+    def _layers(self, ms_config: dict) -> int:
         layers = ms_config.get(self.layer_count)
         if not isinstance(layers, int) or layers < 0:
             raise MigrateError(f"model config has no valid {self.layer_count}: {layers!r}")
+        return layers
+
+    def groups(self, ms_config: dict) -> tuple[list[Group], list[Pair]]:
+        """(active groups, tied pairs) for one model config, templates expanded: every
+        row the config enables, renames as one-to-one groups without a layout."""
+        layers = self._layers(ms_config)
         tied = bool(ms_config.get("tie_word_embeddings"))
         active, dropped = [], []
         for rule in self.rules:
-            if rule.when and not ms_config.get(rule.when):
+            if not _holds(rule.when, ms_config):
                 continue
-            expanded = (
-                [(rule.src.replace("{layer}", str(i)), rule.dst.replace("{layer}", str(i))) for i in range(layers)]
-                if "{layer}" in rule.src
-                else [(rule.src, rule.dst)]
-            )
-            for src, dst in expanded:
+            templates = rule.src + rule.dst
+            for i in (range(layers) if any("{layer}" in t for t in templates) else [None]):
+                src = tuple(_at(t, i) for t in rule.src)
+                dst = tuple(_at(t, i) for t in rule.dst)
                 if rule.tied_to and tied:
-                    dropped.append(Pair(src, dst, rule.tied_to))
+                    dropped.append(Pair(src[0], dst[0], _at(rule.tied_to, i)))
                 else:
-                    active.append(Pair(src, dst))
+                    active.append(Group(src, dst, rule.layout))
         return active, dropped
 
+    def pairs(self, ms_config: dict) -> tuple[list[Pair], list[Pair]]:
+        """(one-to-one pairs, tied pairs): the renames among `groups` (fused rows have no
+        single partner on the other side and are left out)."""
+        active, dropped = self.groups(ms_config)
+        return [Pair(g.src[0], g.dst[0]) for g in active if g.layout is None], dropped
+
+    def checkpoint_names(self, ms_config: dict) -> dict[str, str]:
+        """Model parameter name -> name written in the checkpoint, for a target that
+        renames (`rename`); empty when the checkpoint uses the model's own names."""
+        layers = self._layers(ms_config)
+        out = {}
+        for model_name, ckpt_name in self.rename.items():
+            for i in (range(layers) if "{layer}" in model_name + ckpt_name else [None]):
+                out[_at(model_name, i)] = _at(ckpt_name, i)
+        return out
 
     def ignored(self, ms_config: dict) -> set[str]:
         layers = int(ms_config.get(self.layer_count) or 0)
-        return {name for template in self.ignore for name in _expand(template, layers)}
+        return {name for template, when in self.ignore if _holds(when, ms_config)
+                for name in _expand(template, layers)}
 
 
-MERGED_SECTIONS = ("config", "config_passthrough", "config_constants", "params", "align")
+MERGED_SECTIONS = ("config", "config_passthrough", "config_constants", "params", "align", "vars", "rename",
+                   "variants", "targets")
+
+
+def _rule(key: str, spec: Any, sub) -> ParamRule:
+    if isinstance(spec, str):
+        return ParamRule((key,), (sub(spec),))
+    if not isinstance(spec, dict):
+        raise ValueError(f"params row {key!r}: expected a name or a mapping, got {spec!r}")
+    if "from" not in spec:
+        return ParamRule((key,), (sub(spec["to"]),), spec.get("when"),
+                         sub(spec["tied_to"]) if spec.get("tied_to") else None, _layout_spec(spec, key))
+    src = [spec["from"]] if isinstance(spec["from"], str) else list(spec["from"])
+    dst = [spec["to"]] if isinstance(spec["to"], str) else list(spec["to"])
+    layout = _layout_spec(spec, key)
+    if spec.get("tied_to"):
+        raise ValueError(f"params row {key!r}: tied_to applies to renames only")
+    if layout is None and (len(src), len(dst)) != (1, 1):
+        raise ValueError(f"params row {key!r}: {len(src)} source(s) -> {len(dst)} target(s) needs a layout")
+    return ParamRule(tuple(sub(s) for s in src), tuple(sub(d) for d in dst), spec.get("when"), None, layout)
+
+
+def _layout_spec(spec: dict, key: str) -> str | None:
+    layout = spec.get("layout")
+    if layout is None:
+        return None
+    name = layout if isinstance(layout, str) else "+".join(layout)
+    from migrate.transforms import get_layout
+
+    try:
+        get_layout(name)
+    except MigrateError as exc:
+        raise ValueError(f"params row {key!r}: {exc}") from None
+    return name
+
+
+def _holds(when: str | None, ms_config: dict) -> bool:
+    if not when:
+        return True
+    if when.startswith("!"):
+        return not ms_config.get(when[1:])
+    return bool(ms_config.get(when))
+
+
+def _at(template: str, layer: int | None) -> str:
+    return template if layer is None else template.replace("{layer}", str(layer))
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Mapping sections merge (own entries win; a null entry is dropped when read),
+    everything else is replaced."""
+    merged = dict(base)
+    for key, value in (over or {}).items():
+        if key in MERGED_SECTIONS and isinstance(value, dict):
+            merged[key] = {**(merged.get(key) or {}), **value}
+        else:
+            merged[key] = value
+    return merged
 
 
 def _read_with_base(path: Path, seen: tuple = ()) -> dict:
@@ -184,13 +386,7 @@ def _read_with_base(path: Path, seen: tuple = ()) -> dict:
         raise ValueError(f"keymap inheritance loops through {base_name}")
     if not base_path.is_file():
         raise ValueError(f"extends unknown keymap {base_name!r}")
-    merged = _read_with_base(base_path, seen + (path,))
-    for key, value in data.items():
-        if key in MERGED_SECTIONS and isinstance(value, dict):
-            merged[key] = {**merged.get(key, {}), **value}
-        else:
-            merged[key] = value
-    return merged
+    return _merge(_read_with_base(base_path, seen + (path,)), data)
 
 
 def _expand(template: str, layers: int) -> list[str]:

@@ -1,58 +1,127 @@
-"""`migrate keymap check`: which names of each side a keymap leaves unmapped,
-found from headers and the model's own parameter list, before any data moves."""
+"""Coverage of a keymap against a checkpoint and a model, from headers and the
+model's own parameter shapes, before any data moves: `migrate keymap check`
+reports it, `migrate convert` refuses to write anything unless it is complete."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
+from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
-from migrate.keymap import Keymap, resolve
-from migrate.models.registry import MODEL_CLASS_FIELD, model_class, parameter_shapes
+from migrate.keymap import MODEL_CLASS, TARGET_FIELD, Keymap, resolve
+from migrate.models.config import config_class
 
 
 @dataclass
-class KeymapCheck:
-    keymap: Keymap
-    target: str
-    pairs: int = 0
+class Coverage:
     unmapped_source: list[str] = field(default_factory=list)   # HF tensors no rule consumes
     absent_source: list[str] = field(default_factory=list)     # rules whose HF tensor is not in the file
     unfilled_target: list[str] = field(default_factory=list)   # model parameters no rule fills
     unknown_target: list[str] = field(default_factory=list)    # rule targets the model lacks
+    twice_filled: list[str] = field(default_factory=list)      # model parameters several rules fill
     misshaped: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
         return not (self.unmapped_source or self.absent_source or self.unfilled_target
-                    or self.unknown_target or self.misshaped)
+                    or self.unknown_target or self.twice_filled or self.misshaped)
 
 
-def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = None) -> KeymapCheck:
+def coverage(specs: dict, groups, tied, ignored: set[str], expected: dict, fields: dict) -> Coverage:
+    """`specs`: source name -> object with `shape` and `dtype`; `groups`, `tied`: the
+    keymap's rows for this config (`Keymap.groups`); `expected`: the model's shapes.
+    Fused rows are checked through their layout's shape rule."""
+    result = Coverage()
+    consumed = {s for g in groups for s in g.src} | {t.src for t in tied} | (ignored & set(specs))
+    result.unmapped_source = sorted(n for n in specs if n not in consumed)
+    result.absent_source = [s for g in groups for s in g.src if s not in specs]
+    targets = Counter(d for g in groups for d in g.dst)
+    result.unfilled_target = [n for n in expected if n not in targets]
+    result.unknown_target = [d for d in targets if d not in expected]
+    result.twice_filled = [d for d, n in targets.items() if n > 1]
+    for g in groups:
+        if not all(s in specs for s in g.src) or not all(d in expected for d in g.dst):
+            continue
+        shapes = [tuple(specs[s].shape) for s in g.src]
+        if g.layout is None:
+            if shapes[0] != tuple(expected[g.dst[0]]):
+                result.misshaped.append(f"{g.src[0]} {list(shapes[0])} vs model {g.dst[0]} "
+                                        f"{list(expected[g.dst[0]])}")
+            continue
+        sources = " + ".join(g.src)
+        if len({specs[s].dtype for s in g.src}) > 1:
+            result.misshaped.append(f"{sources}: dtypes differ, cannot fuse")
+            continue
+        try:
+            produced = g.transform().out_shapes(shapes, fields)
+        except MigrateError as exc:
+            result.misshaped.append(f"{sources} {[list(x) for x in shapes]} ({g.layout}): {exc}")
+            continue
+        result.misshaped += [f"{sources} ({g.layout}) {list(shape)} vs model {d} {list(expected[d])}"
+                             for d, shape in zip(g.dst, produced) if tuple(shape) != tuple(expected[d])]
+    return result
+
+
+class _BaseModelNames:
+    """An HF checkpoint saved from the base model alone (GPT-2's hub files: `h.0.attn...`,
+    no `transformer.`), read under the full model's names, as transformers loads it."""
+
+    def __init__(self, ckpt, prefix: str):
+        self.ckpt, self.prefix = ckpt, prefix
+        self.files = ckpt.files
+        self.specs = {prefix + name: spec for name, spec in ckpt.specs.items()}
+
+    def read_into(self, name: str, start: int, out) -> None:
+        self.ckpt.read_into(name[len(self.prefix):], start, out)
+
+    def source(self, name: str):
+        return self.ckpt.source(name[len(self.prefix):])
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+def with_base_prefix(ckpt, km: Keymap):
+    """`ckpt`, or a view of it under the keymap's `base_prefix` when no name carries it."""
+    prefix = km.base_prefix
+    if prefix and ckpt.specs and not any(name.startswith(prefix) for name in ckpt.specs):
+        return _BaseModelNames(ckpt, prefix)
+    return ckpt
+
+
+@dataclass
+class KeymapCheck(Coverage):
+    keymap: Keymap | None = None
+    target: str = ""
+    pairs: int = 0          # active rows, renames and fused ones
+
+
+def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = None,
+                 target: str | None = None) -> KeymapCheck:
+    """`ms_model` checks against another model class (`module:Class`); `target` applies
+    an entry of the keymap's `targets`."""
+    from migrate.models.shapes import expected_shapes
+
     hf_dir = Path(hf_dir)
     raw = read_raw_config(hf_dir)
     km = resolve(str(keymap), raw)
     km.check_source(raw)
-    target = ms_model or km.target
-    cls = model_class(target)
-    config_cls = getattr(cls, "config_class", None)
-    if config_cls is None:
-        from migrate.models.config import LlamaConfig as config_cls
-    fields = {**km.hf_to_ms_config(load_hf_config(hf_dir)), MODEL_CLASS_FIELD: target}
-    config = config_cls.from_dict(fields)
-    expected = parameter_shapes(cls(config))
-    ckpt = open_hf_checkpoint(hf_dir)
-    pairs, tied = km.pairs(config.to_dict())
-    consumed = {p.src for p in pairs} | {t.src for t in tied} | km.ignored(config.to_dict())
-    targets = {p.dst for p in pairs}
-    result = KeymapCheck(km, target, pairs=len(pairs))
-    result.unmapped_source = sorted(n for n in ckpt.specs if n not in consumed)
-    result.absent_source = [p.src for p in pairs if p.src not in ckpt.specs]
-    result.unfilled_target = [n for n in expected if n not in targets]
-    result.unknown_target = [p.dst for p in pairs if p.dst not in expected]
-    result.misshaped = [
-        f"{p.src} {list(ckpt.specs[p.src].shape)} vs {p.dst} {list(expected[p.dst])}"
-        for p in pairs if p.src in ckpt.specs and p.dst in expected
-        and tuple(ckpt.specs[p.src].shape) != expected[p.dst]
-    ]
+    km = km.for_source(raw).with_target(target)
+    model = ms_model or km.target
+    fields = {**km.hf_to_ms_config(load_hf_config(hf_dir)), MODEL_CLASS: model}
+    if km.target_name:
+        fields[TARGET_FIELD] = km.target_name
+    config = config_class(model).from_dict(fields)
+    fields = config.to_dict()
+    expected = expected_shapes(config, model)
+    groups, tied = km.groups(fields)
+    ckpt = with_base_prefix(open_hf_checkpoint(hf_dir), km)
+    try:
+        found = coverage(ckpt.specs, groups, tied, km.ignored(fields), expected, fields)
+    finally:
+        ckpt.close()
+    result = KeymapCheck(**vars(found), keymap=km, target=model, pairs=len(groups))
+    result.unknown_target += [f"{name} (filled twice)" for name in result.twice_filled]  # one list on screen
     return result

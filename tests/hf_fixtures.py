@@ -50,7 +50,7 @@ def build_hf_model(variant: str = "mha", seed: int = 0, dtype=torch.float32, **o
     return model.to(dtype)
 
 
-def save_hf_model(model: LlamaForCausalLM, folder: Path, layout: str = "safetensors") -> Path:
+def save_hf_model(model, folder: Path, layout: str = "safetensors") -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if layout == "safetensors":
@@ -63,9 +63,12 @@ def save_hf_model(model: LlamaForCausalLM, folder: Path, layout: str = "safetens
         model.config.architectures = [type(model).__name__]
         model.config.dtype = next(model.parameters()).dtype
         model.config.save_pretrained(folder)
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
+        # Tied weights are stored once, as save_pretrained does (lm_head, BERT's decoder).
+        state, seen = {}, set()
+        for k, v in model.state_dict().items():
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                state[k] = v.contiguous()
         if layout == "bin":
             torch.save(state, folder / "pytorch_model.bin")
         else:

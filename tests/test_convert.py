@@ -1,5 +1,6 @@
 """`migrate convert`: every variant from every layout, strict coverage,
 bit-exact weights, and the converted model matches HF's own model."""
+import hashlib
 import json
 
 import mindspore as ms
@@ -19,7 +20,7 @@ from migrate.models.loading import load_checkpoint_dict, load_model
 def test_convert_is_bit_exact_and_loads(tmp_path, variant, layout):
     hf = build_hf_model(variant, seed=1)
     src = save_hf_model(hf, tmp_path / "hf", layout)
-    result = convert(src, tmp_path / "ms")
+    result = convert(src, tmp_path / "ms", hash_sources=True)
     assert (tmp_path / "ms" / "model.ckpt").is_file()
     assert (tmp_path / "ms" / "model.yaml").is_file()
 
@@ -35,7 +36,10 @@ def test_convert_is_bit_exact_and_loads(tmp_path, variant, layout):
     manifest = json.loads((tmp_path / "ms" / "conversion.json").read_text())
     assert manifest["keymap"]["name"] == "hf_llama"
     assert len(manifest["tensors"]) == len(pairs)
-    assert all(len(s["sha256"]) == 64 for s in manifest["sources"])
+    weights = {f.name for f in src.iterdir() if f.suffix in (".bin", ".safetensors")}
+    assert weights | {"config.json"} <= {s["file"] for s in manifest["sources"]}
+    for source in manifest["sources"]:
+        assert source["sha256"] == hashlib.sha256((src / source["file"]).read_bytes()).hexdigest()
     assert [t["source"] for t in manifest["tied"]] == [t.src for t in tied]
 
 

@@ -1,4 +1,8 @@
-"""Qwen2 and Mistral through the Llama keymap family: convert, match HF, diff, round trip."""
+"""Every bundled family from safetensors and `.bin`: convert, match HF, `migrate diff`, round trip.
+
+Qwen2 and Mistral go through the Llama keymap; GPT-2 (Conv1D transposes, c_attn split
+into q/k/v, learned positions, tied head) and BERT (BertModel with its pooler,
+BertForMaskedLM with its MLM head) through their own keymaps. Run with -s for figures."""
 import numpy as np
 import pytest
 import torch
@@ -10,6 +14,7 @@ from ms_helpers import seeded_batch
 from migrate.align import compare
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.convert import convert
+from migrate.errors import MigrateError
 from migrate.export import export
 from migrate.hf_config import load_hf_config
 from migrate.models.loading import load_model
@@ -21,13 +26,14 @@ CASES = {
     "mistral_window": ("hf_mistral", {"sliding_window": 4}),
     "mistral_full": ("hf_mistral", {"sliding_window": None}),
 }
+BIN_CASES = {"qwen2", "mistral_full"}  # the others are read from safetensors
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_family_converts_matches_hf_and_round_trips(tmp_path, case):
     family, overrides = CASES[case]
     hf = build_family_model(family, seed=21, **overrides)
-    layout = "bin" if case == "qwen2" else "safetensors"
+    layout = "bin" if case in BIN_CASES else "safetensors"
     src = save_hf_model(hf, tmp_path / "hf", layout)
     convert(src, tmp_path / "ms", keymap=family)
 
@@ -91,3 +97,127 @@ def test_src_auto_picks_the_family_and_names_known_ones(tmp_path, capsys):
     assert main(["convert", "--src", "auto", str(src), str(tmp_path / "ms2")]) == 2
     err = capsys.readouterr().err
     assert "no keymap knows 'GPTNeoXForCausalLM'" in err and "hf_qwen2 (Qwen2ForCausalLM)" in err
+
+
+# case -> (build_family_model name, keymap --src, layout, config overrides)
+OTHER_FAMILIES = {
+    "gpt2": ("hf_gpt2", "hf_gpt2", "safetensors", {}),
+    "gpt2_untied_bin": ("hf_gpt2", "auto", "bin", {"tie_word_embeddings": False, "n_inner": 48,
+                                                   "activation_function": "gelu"}),
+    "bert": ("hf_bert", "hf_bert", "bin", {}),
+    "bert_sharded": ("hf_bert", "auto", "sharded_safetensors", {"hidden_act": "gelu_new"}),
+    "bert_mlm": ("hf_bert_mlm", "hf_bert", "safetensors", {}),
+    "bert_mlm_bin": ("hf_bert_mlm", "auto", "bin", {}),
+    "bert_mlm_untied": ("hf_bert_mlm", "hf_bert", "safetensors", {"tie_word_embeddings": False}),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHER_FAMILIES))
+def test_gpt2_and_bert_convert_diff_and_round_trip(tmp_path, case):
+    import json
+
+    builder, src_family, layout, overrides = OTHER_FAMILIES[case]
+    hf = build_family_model(builder, seed=31, **overrides)
+    src = save_hf_model(hf, tmp_path / "hf", layout)
+    result = convert(src, tmp_path / "ms", keymap=src_family)
+    manifest = json.loads((tmp_path / "ms" / "conversion.json").read_text())
+    family = "gpt2" if "gpt2" in case else "bert"
+    assert manifest["keymap"]["name"] == f"hf_{family}"  # also from --src auto
+    assert manifest["target"] == f"migrate.models.{family}:{type(hf).__name__}"
+    load_model(tmp_path / "ms")  # every parameter filled, none left over
+    assert result.tensors == len(manifest["tensors"])
+
+    report = compare(tmp_path / "hf", tmp_path / "ms", detail=True, padded=True)
+    h = report.summary["headline"]
+    figure = h["logits_max_abs"] if h["logits_max_abs"] is not None else h["last_hidden_max_abs"]
+    print(f"\n[{case}] {report.verdict_text()}")
+    assert report.passed, report.first_divergence
+    assert figure <= 1e-5
+    if builder == "hf_bert":  # BertModel: the last hidden state and the pooled output, no final norm
+        names = [e.name for e in report.forward]
+        assert names[-2:] == ["last hidden state", "pooled output"] and "final norm output" not in names
+        assert h["pooled_max_abs"] <= 1e-5
+
+    export(tmp_path / "ms", tmp_path / "back")  # keymap, variant: from conversion.json / model.yaml
+    ignored = set(manifest["ignored"])
+    with open_hf_checkpoint(src) as a, open_hf_checkpoint(tmp_path / "back") as b:
+        assert set(a.names()) - ignored == set(b.names())
+        for name in b.names():
+            assert np.array_equal(a.read(name).view(np.uint8), b.read(name).view(np.uint8)), name
+    if case == "bert_mlm_untied":  # transformers 5 keeps an unused cls.predictions.bias when untied
+        assert ignored == {"cls.predictions.bias"}
+    else:
+        assert not ignored
+    before, after = load_hf_config(src), load_hf_config(tmp_path / "back")
+    for cfg in (before, after):
+        for key in ("transformers_version", "_name_or_path"):
+            cfg.pop(key, None)
+    assert after == before
+
+
+def test_gpt2_c_attn_is_transposed_and_split(tmp_path):
+    """HF's Conv1D c_attn (in, 3*out) becomes dense1/2/3 (out, in); c_proj keeps (in, out)."""
+    from migrate.models.loading import load_checkpoint_dict
+
+    hf = build_family_model("hf_gpt2", seed=32)
+    convert(save_hf_model(hf, tmp_path / "hf"), tmp_path / "ms", keymap="hf_gpt2")
+    saved = load_checkpoint_dict(tmp_path / "ms")
+    w = hf.state_dict()["transformer.h.1.attn.c_attn.weight"].numpy()
+    b = hf.state_dict()["transformer.h.1.attn.c_attn.bias"].numpy()
+    h = w.shape[0]
+    for j, dense in enumerate(("dense1", "dense2", "dense3")):
+        got = saved[f"backbone.blocks.1.attention.{dense}.weight"].asnumpy()
+        assert np.array_equal(got, w[:, j * h:(j + 1) * h].T)
+        assert np.array_equal(saved[f"backbone.blocks.1.attention.{dense}.bias"].asnumpy(), b[j * h:(j + 1) * h])
+    proj = hf.state_dict()["transformer.h.1.attn.c_proj.weight"].numpy()
+    assert np.array_equal(saved["backbone.blocks.1.attention.projection.weight"].asnumpy(), proj)
+    assert "lm_head.weight" not in saved  # tied to wte
+
+
+def test_gpt2_hub_layout_without_prefix_and_with_mask_buffers(tmp_path):
+    """The GPT-2 hub files: GPT2Model's names (no `transformer.`), no lm_head, and in old
+    `.bin` files the causal-mask buffers attn.bias / attn.masked_bias (ignored, recorded)."""
+    import json
+
+    hf = build_family_model("hf_gpt2", seed=33)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    hf.config.architectures = ["GPT2LMHeadModel"]
+    hf.config.save_pretrained(folder)
+    state = {k.removeprefix("transformer."): v.contiguous() for k, v in hf.state_dict().items()
+             if k.startswith("transformer.")}
+    n = hf.config.n_positions
+    for i in range(hf.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(state, folder / "pytorch_model.bin")
+
+    convert(folder, tmp_path / "ms", keymap="auto")
+    manifest = json.loads((tmp_path / "ms" / "conversion.json").read_text())
+    assert len(manifest["ignored"]) == 2 * hf.config.n_layer
+    report = compare(folder, tmp_path / "ms")
+    assert report.passed and report.summary["headline"]["logits_max_abs"] <= 1e-5
+    export(tmp_path / "ms", tmp_path / "back")
+    with open_hf_checkpoint(tmp_path / "back") as back:
+        assert set(back.names()) == {f"transformer.{k}" for k in state if ".attn.bias" not in k
+                                     and "masked_bias" not in k}
+        for name in back.names():
+            assert np.array_equal(back.read(name), state[name.removeprefix("transformer.")].numpy()), name
+
+
+def test_bert_variant_follows_the_architecture():
+    from migrate.keymap import Keymap
+
+    km = Keymap.load("hf_bert")
+    base, mlm = km.for_source({"architectures": ["BertModel"]}), km.for_source({"architectures": ["BertForMaskedLM"]})
+    assert base.target.endswith(":BertModel") and mlm.target.endswith(":BertForMaskedLM")
+    fields = base.hf_to_ms_config(build_family_model("hf_bert").config.to_dict())
+    base_dst = {d for g in base.groups(fields)[0] for d in g.dst}
+    mlm_dst = {d for g in mlm.groups(fields)[0] for d in g.dst}
+    assert "pooler.dense.weight" in base_dst and "embeddings.layernorm.bias" in base_dst
+    assert "bert.embeddings.layernorm.bias" in mlm_dst and "cls.decoder.bias" in mlm_dst
+    assert not any(d.startswith("pooler") for d in mlm_dst)
+    assert mlm.align["final norm"] == "cls.predictions.transform" and "final norm" not in base.align
+    assert km.for_model_class("migrate.models.bert:BertForMaskedLM").variant == "BertForMaskedLM"
+    with pytest.raises(MigrateError, match="converts BertModel, BertForMaskedLM; this checkpoint is Bert"):
+        km.for_source({"architectures": ["BertForSequenceClassification"]})

@@ -168,6 +168,9 @@ def parse_fault(spec: str) -> tuple[Fault, int | None]:
 
 def check_fault(fault: Fault, config, dtype: str, padded: bool, layer: int | None) -> int:
     """Validate the run suits the fault; returns the layer it targets."""
+    if getattr(config, "qkv_concat", True):  # GPT-2/BERT configs have no such field
+        raise MigrateError("fault injection patches the bundled Llama with separate q/k/v and gate/up "
+                           "weights; this model is another one (or fused)")
     if "tied" in fault.needs and not config.tie_word_embeddings:
         raise MigrateError(f"fault {fault.name} needs a model with tie_word_embeddings")
     if "gqa" in fault.needs and config.n_kv_heads == config.num_heads:

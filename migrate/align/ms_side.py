@@ -1,4 +1,5 @@
-"""The converted side of `migrate diff`: the bundled MindSpore model."""
+"""The converted side of `migrate diff`: the bundled MindSpore model (the class
+model.yaml names), called with keyword arguments so that every bundled model fits."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
+from migrate.errors import MigrateError
 from migrate.models.loading import load_model
 
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -20,6 +22,10 @@ class MSSide:
         ms.set_seed(seed)
         self.model, self.config = load_model(ms_dir, compute_dtype=COMPUTE_DTYPES[dtype])
         self.model.set_train(False)  # dropout off
+        # What the model returns before its hidden states, by HF output name.
+        self.outputs = tuple(getattr(type(self.model), "OUTPUTS", ("logits", "loss")))
+        self.has_loss = "loss" in self.outputs
+        self.has_final_norm = True  # set by the runner from the keymap's align table
 
     def _tensors(self, inputs):
         ids = ms.Tensor(inputs.ids.astype(np.int32))
@@ -27,12 +33,21 @@ class MSSide:
         labels = ms.Tensor(inputs.labels.astype(np.int32))
         return ids, mask, labels
 
+    def _call(self, ids, mask, labels, output_hidden_states=False):
+        extra = {"labels": labels} if self.has_loss else {}
+        return self.model(ids, attention_mask=mask, output_hidden_states=output_hidden_states, **extra)
+
     def forward(self, inputs, detail: bool):
+        """(hidden states [(block, layer, array)], outputs [(HF output name, array or float)])."""
         ids, mask, labels = self._tensors(inputs)
-        logits, loss, hidden = self.model(ids, mask, labels, "detail" if detail else True)
+        *values, hidden = self._call(ids, mask, labels, "detail" if detail else True)
         blocks = self.hidden_blocks(detail)
-        return ([(b, layer, _as_numpy(h)) for (b, layer), h in zip(blocks, hidden)],
-                _as_numpy(logits), float(loss.asnumpy()))
+        if len(blocks) != len(hidden):
+            raise MigrateError(f"the model returns {len(hidden)} hidden states where the keymap's align "
+                               f"table pairs {len(blocks)}")
+        outputs = [(name, float(v.asnumpy()) if name == "loss" else _as_numpy(v))
+                   for name, v in zip(self.outputs, values) if v is not None]
+        return [(b, layer, _as_numpy(h)) for (b, layer), h in zip(blocks, hidden)], outputs
 
     def hidden_blocks(self, detail: bool) -> list[tuple[str, int | None]]:
         """(block, layer) of each entry the model returns for output_hidden_states."""
@@ -40,14 +55,14 @@ class MSSide:
         per_layer = ("attention", "mlp", "layer output") if detail else ("layer output",)
         for i in range(self.config.num_layers):
             blocks += [(b, i) for b in per_layer]
-        return blocks + [("final norm", None)]
+        return blocks + ([("final norm", None)] if self.has_final_norm else [])
 
     def gradients(self, inputs) -> tuple[float, dict[str, np.ndarray]]:
         ids, mask, labels = self._tensors(inputs)
         params = self.model.trainable_params()
 
         def loss_fn(ids, mask, labels):
-            return self.model(ids, mask, labels)[1]
+            return self._call(ids, mask, labels)[1]
 
         loss, grads = ms.value_and_grad(loss_fn, None, params)(ids, mask, labels)
         self._grads = grads
@@ -74,7 +89,7 @@ class MSSide:
         ids = prompt[None, :].astype(np.int32)
         out = []
         for _ in range(steps):
-            logits, _, _ = self.model(ms.Tensor(ids))
+            logits = self.model(ms.Tensor(ids))[0]
             token = int(_as_numpy(logits[0, -1]).argmax())
             out.append(token)
             ids = np.concatenate([ids, np.array([[token]], np.int32)], axis=1)

@@ -440,6 +440,11 @@ class Report:
             "grads_failed": sum(1 for e in grads if not e.passed),
             "grad_min_cosine": min(grad_cos) if grad_cos else None,
         }
+        # Encoders without logits (BertModel): their final outputs stand in the headline.
+        for key, name in (("last_hidden_max_abs", "last hidden state"), ("pooled_max_abs", "pooled output")):
+            entry = next((e for e in fwd if e.name == name), None)
+            if entry is not None:
+                headline[key] = entry.metrics.get("max_abs")
         if loss is not None and loss.metrics.get("ref_max_abs") is not None:
             headline["loss_ref"] = loss.metrics.get("ref_max_abs")
 
@@ -484,6 +489,10 @@ class Report:
             parts.append(f"KL {fmt_num(h['kl'])}")
         if h["loss_rel_diff"] is not None:
             parts.append(f"loss rel diff {fmt_num(h['loss_rel_diff'])}")
+        if h.get("last_hidden_max_abs") is not None:
+            parts.append(f"last hidden state max abs {fmt_num(h['last_hidden_max_abs'])}")
+        if h.get("pooled_max_abs") is not None:
+            parts.append(f"pooled output max abs {fmt_num(h['pooled_max_abs'])}")
         if h["grads"]:
             parts.append(f"grads {h['grads'] - h['grads_failed']}/{h['grads']} ok")
         if not self.entries:

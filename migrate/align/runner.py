@@ -64,14 +64,20 @@ def compare(
     if fault:
         ms.set_context(mode=ms.PYNATIVE_MODE)  # faults patch Python methods
 
-    km = Keymap.load(keymap or recorded_keymap(ms_dir))
     ms_side = MSSide(ms_dir, dtype, seed)
     config = ms_side.config
+    # The variant and target the folder was converted with (model.yaml records them).
+    km = Keymap.load(keymap or recorded_keymap(ms_dir)).for_model(config.to_dict())
+    ms_side.has_final_norm = "final norm" in km.align
+    if grads and not ms_side.has_loss:
+        raise MigrateError(f"--grads needs a model with a loss; {type(ms_side.model).__name__} has none")
     layer = None
     if fault:
         layer = check_fault(fault[0], config, dtype, padded, fault[1])
         fault[0].apply(ms_side, layer)
     hf_side = HFSide(hf_dir, dtype, km.align, config.num_layers, seed)
+    if generate and not hf_side.can_generate:
+        raise MigrateError(f"--generate needs a generative model; {type(hf_side.model).__name__} is not one")
 
     inputs = text_inputs(hf_dir, text) if text is not None else seeded_inputs(
         config.vocab_size, batch, seq_len, seed, padded, pad_id=config.pad_token_id or 0)
@@ -95,31 +101,61 @@ def compare(
 
 
 def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
-    """Positions compared: padded query rows are dropped (their output is ill-defined)."""
-    return array if inputs.mask is None else array[inputs.valid]
+    """Positions compared: padded query rows are dropped (their output is ill-defined).
+    Per-sequence outputs (BERT's pooled output) have no positions to drop."""
+    if inputs.mask is None or array.shape[:2] != inputs.ids.shape:
+        return array
+    return array[inputs.valid]
 
 
 def _forward(report, hf_side, ms_side, inputs, detail) -> None:
-    hf_hidden, hf_logits, hf_loss = hf_side.forward(inputs, detail)
-    ms_hidden, ms_logits, ms_loss = ms_side.forward(inputs, detail)
+    from migrate.align.hf_side import OUTPUTS
+
+    hf_hidden, hf_outputs = hf_side.forward(inputs, detail)
+    ms_hidden, ms_outputs = ms_side.forward(inputs, detail)
     names = {"embedding": "embedding output", "final norm": "final norm output"}
     for (block, layer, ref), (block2, layer2, got) in zip(hf_hidden, ms_hidden):
         assert (block, layer) == (block2, layer2), "hook points and model outputs disagree"
         name = names.get(block) or f"layer {layer} {block}"
         report.add(name, _valid(ref, inputs), _valid(got, inputs), kind="hidden", layer=layer,
                    block="layer output" if block == "layer output" else block)
-    report.add("logits", _valid(hf_logits, inputs), _valid(ms_logits, inputs), kind="logits")
-    report.add("loss", np.array(hf_loss), np.array(ms_loss), kind="loss")
+    hf_out, ms_out = dict(hf_outputs), dict(ms_outputs)
+    if set(hf_out) != set(ms_out):
+        raise MigrateError(f"the models return different outputs: HF {', '.join(hf_out)}, "
+                           f"MindSpore {', '.join(ms_out)}")
+    for key, (name, kind) in OUTPUTS.items():  # logits, loss, last hidden state, pooled output
+        if key in hf_out:
+            ref, got = hf_out[key], ms_out[key]
+            if kind == "loss":
+                report.add(name, np.array(ref), np.array(got), kind="loss")
+            else:
+                report.add(name, _valid(ref, inputs), _valid(got, inputs), kind=kind)
+
+
+def _in_ms_names(groups, hf_arrays: dict[str, np.ndarray], fields: dict) -> dict[str, np.ndarray]:
+    """HF-named arrays (gradients, parameters) under the MindSpore names, fused
+    through the keymap's layouts where a row fuses or splits tensors."""
+    out = {}
+    for group in groups:
+        if not all(s in hf_arrays for s in group.src):
+            continue
+        arrays = [hf_arrays[s] for s in group.src]
+        if group.layout is not None:
+            arrays = group.transform().forward(arrays, fields)
+        out.update(zip(group.dst, arrays))
+    return out
 
 
 def _backward(report, hf_side, ms_side, inputs, km, config, lr) -> None:
     _, hf_grads = hf_side.gradients(inputs)
     _, ms_grads = ms_side.gradients(inputs)
-    pairs, _ = km.pairs(config.to_dict())
-    to_hf = {p.dst: p.src for p in pairs}
+    fields = config.to_dict()
+    groups, _ = km.groups(fields)
     ms_order = ms_side.parameter_names()
-    unpaired_ms = [n for n in ms_order if n not in to_hf or to_hf[n] not in hf_grads]
-    unpaired_hf = sorted(set(hf_grads) - {to_hf[n] for n in ms_order if n in to_hf})
+    ref_grads = _in_ms_names(groups, hf_grads, fields)
+    unpaired_ms = [n for n in ms_order if n not in ref_grads]
+    paired = {s for g in groups if all(d in ms_grads for d in g.dst) for s in g.src}
+    unpaired_hf = sorted(set(hf_grads) - paired)
     if unpaired_ms or unpaired_hf:
         raise MigrateError(
             "gradients do not pair up by name: "
@@ -130,11 +166,11 @@ def _backward(report, hf_side, ms_side, inputs, km, config, lr) -> None:
         )
     backward = list(reversed(ms_order))  # lm_head first: the order backprop visits them
     for name in backward:
-        report.add(name, hf_grads[to_hf[name]], ms_grads[name], kind="grad")
-    hf_after = hf_side.adamw_step(lr=lr, **ADAMW)
+        report.add(name, ref_grads[name], ms_grads[name], kind="grad")
+    hf_after = _in_ms_names(groups, hf_side.adamw_step(lr=lr, **ADAMW), fields)
     ms_after = ms_side.adamw_step(lr=lr, **ADAMW)
     for name in backward:
-        report.add(name, hf_after[to_hf[name]], ms_after[name], kind="param_after_step")
+        report.add(name, hf_after[name], ms_after[name], kind="param_after_step")
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
 
 

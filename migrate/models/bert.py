@@ -40,51 +40,15 @@ in `migrate.models.llama` (fp32 exact; bf16/fp16 emulated on CPU).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import mindspore as ms
 from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
 from migrate.models.common import (
-    _DTYPES, _MIN, Activation, ConfigIO, Embedding, LayerNorm, Linear, _Cell, _Precision,
-    cast_outputs, check_dtype, check_heads, masked_lm_loss, padding_mask,
+    _DTYPES, _MIN, Activation, Embedding, LayerNorm, Linear, _Cell, _Precision,
+    cast_outputs, check_dtype, masked_lm_loss, padding_mask,
 )
-
-
-@dataclass
-class BertConfig(ConfigIO):
-    """`model.yaml` of the bundled BERT; HF's name is in the comment where it differs."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int                          # num_hidden_layers
-    num_heads: int                           # num_attention_heads
-    intermediate_size: int
-    seq_length: int = 512                    # max_position_embeddings
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    is_decoder: bool = False                 # not supported: True is refused
-    add_cross_attention: bool = False        # not supported: True is refused
-    tie_word_embeddings: bool = True
-    initializer_range: float = 0.02
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    pad_token_id: int | None = 0             # word-embedding padding_idx, as HF
-    ignore_token_id: int = -100
-    compute_dtype: str = "float32"           # float32 | float16 | bfloat16
-    extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
-
-    def __post_init__(self):
-        check_heads(self.hidden_size, self.num_heads)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+from migrate.models.bert_config import BertConfig  # noqa: F401 (re-exported: mindspore-free for convert)
 
 
 class BertEmbeddings(_Cell):
@@ -209,6 +173,7 @@ class BertModel(_Cell):
     """
 
     config_class = BertConfig
+    OUTPUTS = ("last_hidden_state", "pooler_output")  # what construct returns before `hidden`, by HF's names
 
     def __init__(self, config: BertConfig, seed: int = 0, add_pooling_layer: bool = True,
                  _prec: _Precision | None = None, _prefix: str = ""):

@@ -26,56 +26,16 @@ checkpoint saved from this model also loads into MindFormers:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import mindspore as ms
 from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
 from migrate.models.common import (
-    _DTYPES, _MIN, F32, Activation, ConfigIO, Embedding, LayerNorm, Linear, LinearInOut, _Cell, _Precision,
-    causal_lm_loss, causal_mask, cast_outputs, check_dtype, check_heads,
+    _DTYPES, _MIN, F32, Activation, Embedding, LayerNorm, Linear, LinearInOut, _Cell, _Precision,
+    causal_lm_loss, causal_mask, cast_outputs, check_dtype,
 )
-
-
-@dataclass
-class GPT2Config(ConfigIO):
-    """`model.yaml` of the bundled GPT-2. Field names follow MindFormers' GPT2Config
-    (and this project's LlamaConfig) where one exists; HF's name is in the comment."""
-
-    vocab_size: int                          # vocab_size
-    hidden_size: int                         # n_embd
-    num_layers: int                          # n_layer
-    num_heads: int                           # n_head
-    intermediate_size: int | None = None     # n_inner; None: 4 * hidden_size
-    seq_length: int = 1024                   # n_positions (rows of the position table)
-    layer_norm_eps: float = 1e-5             # layer_norm_epsilon
-    hidden_act: str = "gelu_new"             # activation_function
-    embedding_dropout_prob: float = 0.1      # embd_pdrop
-    hidden_dropout_rate: float = 0.1         # resid_pdrop
-    attention_dropout_rate: float = 0.1      # attn_pdrop
-    scale_attn_weights: bool = True
-    scale_attn_by_inverse_layer_idx: bool = False
-    reorder_and_upcast_attn: bool = False
-    add_cross_attention: bool = False        # not supported: True is refused
-    tie_word_embeddings: bool = True
-    initializer_range: float = 0.02
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-    pad_token_id: int | None = None
-    ignore_token_id: int = -100
-    compute_dtype: str = "float32"           # float32 | float16 | bfloat16
-    extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
-
-    def __post_init__(self):
-        if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
-        check_heads(self.hidden_size, self.num_heads)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+from migrate.models.gpt2_config import GPT2Config  # noqa: F401 (re-exported: mindspore-free for convert)
 
 
 class GPT2Embedding(_Cell):
@@ -143,7 +103,7 @@ class GPT2Attention(_Cell):
 class GPT2MLP(_Cell):
     def __init__(self, config: GPT2Config, prec: _Precision, prefix: str, proj_std: float):
         super().__init__(prec)
-        h, i = config.hidden_size, config.intermediate_size
+        h, i = config.hidden_size, config.inner_size
         self.mapping = LinearInOut(h, i, prec, prefix + ".mapping")            # HF mlp.c_fc
         self.projection = LinearInOut(i, h, prec, prefix + ".projection", std=proj_std)  # HF mlp.c_proj
         self.act = Activation(config.hidden_act, prec, "hidden_act (HF activation_function)")

@@ -16,7 +16,7 @@ import mindspore as ms
 
 from migrate.checkpoints.ms_reader import checkpoint_files, open_ms_checkpoint
 from migrate.errors import MigrateError
-from migrate.models.config import LlamaConfig
+from migrate.models.config import load_model_config
 from migrate.models.registry import build_model
 
 
@@ -43,7 +43,7 @@ def lazy_parameters():
         ms.Parameter.init_param = previous
 
 
-def build_lazy_model(config: LlamaConfig):
+def build_lazy_model(config):
     """The bundled model with shapes and dtypes but no parameter data."""
     with lazy_parameters():
         return build_model(config)
@@ -66,27 +66,43 @@ def load_checkpoint_dict(path: str | Path) -> dict:
     return merged
 
 
+def checkpoint_to_model_names(ms_dir: Path, config) -> dict[str, str]:
+    """Checkpoint name -> model parameter name, for a folder converted to a keymap
+    target that renames (model.yaml `keymap_target`, e.g. mcore); empty otherwise."""
+    from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
+
+    fields = config.to_dict()
+    if not fields.get(TARGET_FIELD):
+        return {}
+    km = resolve(recorded_keymap(ms_dir)).for_model(fields)
+    return {ckpt_name: model_name for model_name, ckpt_name in km.checkpoint_names(fields).items()}
+
+
 def load_model(ms_dir: str | Path, compute_dtype: str | None = None):
-    """(model, config) with every parameter loaded: none missing, none unexpected."""
+    """(model, config) with every parameter loaded: none missing, none unexpected. The
+    model class and its config class are the ones model.yaml names (`model_class`)."""
     ms_dir = Path(ms_dir)
-    config = LlamaConfig.load(ms_dir / "model.yaml")
+    config = load_model_config(ms_dir / "model.yaml")
     if compute_dtype:
         config.compute_dtype = compute_dtype
     ckpt = open_ms_checkpoint(ms_dir)  # headers only: check the fit before reading any data
+    to_model = checkpoint_to_model_names(ms_dir, config)
+    specs = {to_model.get(name, name): spec for name, spec in ckpt.specs.items()}  # by model name
     model = build_lazy_model(config)
     params = {p.name: p for p in model.get_parameters()}
-    not_loaded = [name for name in params if name not in ckpt.specs]
-    unused = [name for name in ckpt.specs if name not in params]
+    not_loaded = [name for name in params if name not in specs]
+    unused = [name for name in specs if name not in params]
     if not_loaded or unused:
         raise MigrateError(
             f"checkpoint does not fit the model: {len(not_loaded)} parameters not loaded "
             f"({', '.join(not_loaded[:5])}), {len(unused)} checkpoint entries unused ({', '.join(unused[:5])})"
         )
     misshaped = [f"{name} {list(shape)} vs model {list(params[name].shape)}"
-                 for name, (_, shape) in ckpt.specs.items() if tuple(shape) != tuple(params[name].shape)]
+                 for name, (_, shape) in specs.items() if tuple(shape) != tuple(params[name].shape)]
     if misshaped:
         raise MigrateError(f"checkpoint does not fit the model: shapes differ: {'; '.join(misshaped[:5])}")
     for name, array in ckpt.tensors():
+        name = to_model.get(name, name)
         # set_data casts to the parameter's dtype (e.g. a bf16 checkpoint into an fp32 model).
         params[name].set_data(ms.Tensor(array))
     model.set_train(False)
