@@ -31,6 +31,10 @@ def test_valid_layout_passes():
     (Layout(mp=4), _cfg(num_heads=12, hidden_size=768, n_kv_heads=6, vocab_size=32000, intermediate_size=3072),
      "n_kv_heads (6) and mp (4): kv heads are split when n_kv_heads % mp == 0 "
      "or replicated when mp % n_kv_heads == 0, and neither holds"),
+    (Layout(mp=8), _cfg(n_kv_heads=4, qkv_concat=True),
+     "n_kv_heads (4) is not divisible by mp (8) with qkv_concat: the fused w_qkv keeps each kv group's q, k "
+     "and v rows together, so k/v cannot be replicated apart from q; use an mp that divides n_kv_heads, "
+     "or convert without --qkv-concat"),
     (Layout(mp=2), _cfg(vocab_size=32001),
      "vocab_size (32001) is not divisible by mp (2): the embedding and lm_head are split over the vocabulary"),
     (Layout(mp=8), _cfg(intermediate_size=11004),
@@ -70,6 +74,13 @@ def test_kv_heads_split_or_replicated(n_kv, mp, replicated):
     lay = Layout(mp=mp)
     assert validate(lay, cfg) == []
     assert kv_replicated(lay, cfg) is replicated
+
+
+@pytest.mark.parametrize("n_kv, mp", [(8, 2), (8, 8), (4, 4)])
+def test_fused_qkv_splits_whole_kv_groups(n_kv, mp):
+    cfg = _cfg(n_kv_heads=n_kv, qkv_concat=True)
+    assert validate(Layout(mp=mp), cfg) == []
+    assert not kv_replicated(Layout(mp=mp), cfg)
 
 
 def test_global_batch_and_line():

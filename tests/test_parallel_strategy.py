@@ -15,8 +15,10 @@ from migrate.parallel.context import apply_parallel_context, auto_parallel_netwo
 from migrate.parallel.layout import Layout
 from migrate.parallel.pipeline import (CausalLMLoss, assign_pipeline_stages, build_pipeline_network,
                                        pipeline_grad_reducer, read_pipeline_stages)
-from migrate.parallel.strategy import (ShardedAttention, ShardedEmbedding, ShardedLinear, assign_strategies,
-                                       per_device_params)
+from migrate.models.llama import TiedHead
+from migrate.parallel.layout import validate
+from migrate.parallel.strategy import (ShardedAttention, ShardedEmbedding, ShardedLinear, ShardedTiedHead,
+                                       assign_strategies, param_splits, per_device_params)
 from migrate.plan import stage_params
 
 
@@ -32,18 +34,31 @@ def _expected(config, dp, mp):
     col, row = ((dp, 1), (mp, 1)), ((dp, mp), (1, mp))
     kv = col if config.n_kv_heads % mp == 0 else ((dp, 1), (1, 1))
     heads = ((dp, mp, 1, 1), (dp, mp, 1, 1))
-    out = {"model.tok_embeddings.gather": ((mp, 1), (dp, 1)), "lm_head.matmul": col}
+    head = "tied_head.matmul" if config.tie_word_embeddings else "lm_head.matmul"
+    out = {"model.tok_embeddings.gather": ((mp, 1), (dp, 1)), head: col}
     for i in range(config.num_layers):
         p = f"model.layers.{i}"
+        if config.qkv_concat:
+            out.update({f"{p}.attention.w_qkv.matmul": col, f"{p}.feed_forward.w_gate_hidden.matmul": col})
+        else:
+            out.update({
+                f"{p}.attention.wq.matmul": col, f"{p}.attention.wk.matmul": kv, f"{p}.attention.wv.matmul": kv,
+                f"{p}.feed_forward.w1.matmul": col, f"{p}.feed_forward.w3.matmul": col,
+            })
         out.update({
-            f"{p}.attention.wq.matmul": col, f"{p}.attention.wk.matmul": kv, f"{p}.attention.wv.matmul": kv,
             f"{p}.attention.wo.matmul": row,
             f"{p}.attention.bmm_qk": heads, f"{p}.attention.softmax": ((dp, mp, 1, 1),),
             f"{p}.attention.bmm_pv": heads,
-            f"{p}.feed_forward.w1.matmul": col, f"{p}.feed_forward.w3.matmul": col,
             f"{p}.feed_forward.w2.matmul": row,
         })
     return out
+
+
+def _all_sharded(model):
+    """No cell is left computing through a functional call that cannot carry a strategy."""
+    for name, cell in model.cells_and_names():
+        if isinstance(cell, (Linear, LlamaAttention, LlamaEmbedding, TiedHead)):
+            assert isinstance(cell, (ShardedLinear, ShardedAttention, ShardedEmbedding, ShardedTiedHead)), name
 
 
 @pytest.mark.parametrize("mp, dp, n_kv", [(2, 2, 8), (4, 2, 8), (8, 1, 8), (2, 4, 2), (4, 1, 2), (8, 1, 2)])
@@ -51,12 +66,8 @@ def test_every_matmul_gets_its_strategy(mp, dp, n_kv):
     config = _cfg(n_kv=n_kv)
     model = LlamaForCausalLM(config)
     strategies = assign_strategies(model, Layout(dp=dp, mp=mp))
-    assert dict(strategies) == _expected(config, dp, mp)
-    assert strategies.unhooked == []
-    # No cell is left computing through a functional call that cannot carry a strategy.
-    for name, cell in model.cells_and_names():
-        if isinstance(cell, (Linear, LlamaAttention, LlamaEmbedding)):
-            assert isinstance(cell, (ShardedLinear, ShardedAttention, ShardedEmbedding)), name
+    assert strategies == _expected(config, dp, mp)
+    _all_sharded(model)
     # The strategy MindSpore compiles from is the primitive attribute.
     wq = model.model.layers[0].attention.wq.matmul
     assert wq.attrs["in_strategy"] == ((dp, 1), (mp, 1))
@@ -80,11 +91,12 @@ def _run(model, ids, graph=False):
     return logits.asnumpy(), float(loss.asnumpy())
 
 
-def test_sharded_model_computes_what_the_model_computes():
-    config = _cfg(n_kv=2, qkv_has_bias=True, pad_token_id=0)
+@pytest.mark.parametrize("fused, tied, mp", [(False, False, 4), (True, True, 2), (False, True, 4)])
+def test_sharded_model_computes_what_the_model_computes(fused, tied, mp):
+    config = _cfg(n_kv=2, qkv_has_bias=True, pad_token_id=0, qkv_concat=fused, tie_word_embeddings=tied)
     ref, model = LlamaForCausalLM(config, seed=3), LlamaForCausalLM(config, seed=3)
     params = {p.name: p for p in model.trainable_params()}
-    assign_strategies(model, Layout(dp=2, mp=4))
+    assign_strategies(model, Layout(dp=2, mp=mp))
     # Same Parameter objects under the same names: checkpoints and the optimizer see no change.
     assert {p.name: p for p in model.trainable_params()} == params
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 12)).astype(np.int32)
@@ -117,12 +129,75 @@ def test_bad_layout_is_refused_before_anything_changes():
     assert type(model.model.layers[0].attention.wq) is Linear
 
 
-def test_tied_head_is_reported_unhooked():
-    model = LlamaForCausalLM(_cfg(tie_word_embeddings=True, layers=1))
-    strategies = assign_strategies(model, Layout(dp=1, mp=2))
+@pytest.mark.parametrize("mp, dp", [(2, 2), (4, 1), (8, 1)])
+def test_tied_head_gets_the_lm_head_strategy(mp, dp):
+    config = _cfg(tie_word_embeddings=True, layers=1)
+    model = LlamaForCausalLM(config)
+    strategies = assign_strategies(model, Layout(dp=dp, mp=mp))
+    assert strategies == _expected(config, dp, mp)
+    assert strategies["tied_head.matmul"] == ((dp, 1), (mp, 1))
     assert "lm_head.matmul" not in strategies
-    assert strategies["model.tok_embeddings.gather"] == ((2, 1), (1, 1))
-    assert strategies.unhooked == ["lm_head.matmul (tied to model.tok_embeddings.embedding_weight)"]
+    _all_sharded(model)
+    # Its weight operand is the embedding table, split over the vocabulary like the gather's.
+    assert strategies["tied_head.matmul"][1] == strategies["model.tok_embeddings.gather"][0]
+
+
+def test_tied_head_adds_no_parameters():
+    config = _cfg(tie_word_embeddings=True, layers=1)
+    model = LlamaForCausalLM(config)
+    assert isinstance(model.tied_head, TiedHead)
+    assert not hasattr(LlamaForCausalLM(_cfg(layers=1)), "tied_head")
+    names = [p.name for p in model.get_parameters()]
+    assert not [n for n in names if "head" in n]
+    assign_strategies(model, Layout(mp=2))
+    assert [p.name for p in model.get_parameters()] == names
+
+
+@pytest.mark.parametrize("mp, dp, n_kv", [(2, 2, 8), (4, 2, 8), (8, 1, 8), (2, 1, 2), (2, 4, 4), (4, 1, 4)])
+def test_fused_layout_gets_column_strategies(mp, dp, n_kv):
+    config = _cfg(n_kv=n_kv, qkv_concat=True, qkv_has_bias=True, mlp_bias=True)
+    model = LlamaForCausalLM(config)
+    strategies = assign_strategies(model, Layout(dp=dp, mp=mp))
+    expected = _expected(config, dp, mp)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}"
+        expected.update({f"{p}.attention.w_qkv.bias_add": ((dp, mp), (mp,)),
+                         f"{p}.feed_forward.w_gate_hidden.bias_add": ((dp, mp), (mp,)),
+                         f"{p}.feed_forward.w2.bias_add": ((dp, 1), (1,))})
+    assert strategies == expected
+    _all_sharded(model)
+    splits = param_splits(model)
+    assert splits["model.layers.0.attention.w_qkv.weight"] == (mp, 1)
+    assert splits["model.layers.0.feed_forward.w_gate_hidden.weight"] == (mp, 1)
+    assert per_device_params(model) == stage_params(config, Layout(dp=dp, mp=mp))[0]
+
+
+@pytest.mark.parametrize("n_kv", [2, 4])
+def test_fused_rows_split_into_whole_groups(n_kv):
+    # Row block r of w_qkv (split over mp) holds kv groups r·n_kv/mp ... whole: q heads, k, v of each;
+    # w_gate_hidden's holds gate/up pairs of a contiguous intermediate range.
+    config = _cfg(n_kv=n_kv, qkv_concat=True)
+    mp, d, n_rep = n_kv, config.head_dim, config.num_heads // n_kv
+    rows = np.arange((config.num_heads + 2 * n_kv) * d).reshape(n_kv, n_rep + 2, d)
+    for r, block in enumerate(np.split(rows.reshape(-1), mp)):
+        assert (block.reshape(-1, n_rep + 2, d) == rows[r * n_kv // mp:(r + 1) * n_kv // mp]).all()
+    pairs = np.arange(2 * config.intermediate_size).reshape(config.intermediate_size, 2)
+    for r, block in enumerate(np.split(pairs.reshape(-1), mp)):
+        per = config.intermediate_size // mp
+        assert (block.reshape(-1, 2) == pairs[r * per:(r + 1) * per]).all()
+
+
+@pytest.mark.parametrize("mp, n_kv", [(4, 2), (8, 2), (8, 4)])
+def test_fused_layout_refuses_replicated_kv(mp, n_kv):
+    config = _cfg(n_kv=n_kv, qkv_concat=True)
+    message = (f"n_kv_heads ({n_kv}) is not divisible by mp ({mp}) with qkv_concat: the fused w_qkv keeps "
+               f"each kv group's q, k and v rows together, so k/v cannot be replicated apart from q; "
+               f"use an mp that divides n_kv_heads, or convert without --qkv-concat")
+    assert validate(Layout(mp=mp), config) == [message]
+    model = LlamaForCausalLM(config)
+    with pytest.raises(MigrateError, match="with qkv_concat"):
+        assign_strategies(model, Layout(mp=mp))
+    assert type(model.model.layers[0].attention.w_qkv) is Linear
 
 
 @pytest.mark.parametrize("mp, n_kv, tied", [(2, 8, False), (4, 8, False), (8, 2, False), (4, 2, True)])
@@ -143,6 +218,9 @@ def test_pipeline_stages(pp):
     read = read_pipeline_stages(model)
     assert read["model.tok_embeddings"] == 0
     assert read["model.norm_out"] == pp - 1 and read["lm_head"] == pp - 1
+    tied = LlamaForCausalLM(_cfg(layers=8, tie_word_embeddings=True))
+    assign_pipeline_stages(tied, pp)
+    assert read_pipeline_stages(tied)["tied_head"] == pp - 1
     for i in range(8):
         assert read[f"model.layers.{i}"] == i // per
         assert model.model.layers[i].pipeline_stage == i // per

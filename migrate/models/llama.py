@@ -359,6 +359,18 @@ class LlamaModel(_Cell):
         return h, hidden + (h,)
 
 
+class TiedHead(_Cell):
+    """The LM head tied to the embedding table: logits = h · Eᵀ. Holds no parameters.
+
+    A cell of its own (rather than an inline matmul) so that parallel code can
+    swap it for a subclass that carries a shard strategy or a pipeline stage;
+    the caller passes the table, already in the activation dtype.
+    """
+
+    def construct(self, h, weight):
+        return self._r(mint.matmul(h, weight.T))
+
+
 class LlamaForCausalLM(_Cell):
     """HF LlamaForCausalLM in MindSpore; see the module docstring for the call.
 
@@ -384,7 +396,9 @@ class LlamaForCausalLM(_Cell):
         self.ignore_index = config.ignore_token_id
         self.tie_word_embeddings = config.tie_word_embeddings
         self.model = LlamaModel(config, prec, "model")
-        if not config.tie_word_embeddings:
+        if config.tie_word_embeddings:
+            self.tied_head = TiedHead(prec)
+        else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, prec, "lm_head")
         # Parameters carry their full path as name (checkpoints are keyed by it).
         for name, param in self.parameters_and_names():
@@ -413,7 +427,7 @@ class LlamaForCausalLM(_Cell):
             # parameter need a bf16 TensorMove, which CPU lacks.
             weight = self._p(self.model.tok_embeddings.embedding_weight)
             h, hidden = self.model(input_ids, attention_mask, output_hidden_states, weight)
-            logits = self._r(mint.matmul(h, weight.T))
+            logits = self.tied_head(h, weight)
         else:
             h, hidden = self.model(input_ids, attention_mask, output_hidden_states)
             logits = self.lm_head(h)

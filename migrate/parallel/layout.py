@@ -24,6 +24,9 @@ wide mp), the k/v projections are *replicated* on every mp rank (strategy
 query heads use. Requiring mp % n_kv_heads == 0 keeps every rank's query
 heads inside whole kv groups, which a later per-group split (strategy
 ((dp, 1), (n_kv_heads, 1))) also needs. Any other combination is refused.
+A fused `qkv_concat` model keeps each kv group's q, k and v rows together in
+one w_qkv, so its k/v cannot be replicated apart from q: it needs
+n_kv_heads % mp == 0.
 """
 from __future__ import annotations
 
@@ -96,6 +99,10 @@ def validate(layout: Layout, config) -> list[str]:
     if kv % mp and mp % kv:
         errors.append(f"n_kv_heads ({kv}) and mp ({mp}): kv heads are split when n_kv_heads % mp == 0 "
                       f"or replicated when mp % n_kv_heads == 0, and neither holds")
+    elif kv % mp and getattr(config, "qkv_concat", False):
+        errors.append(f"n_kv_heads ({kv}) is not divisible by mp ({mp}) with qkv_concat: the fused w_qkv "
+                      f"keeps each kv group's q, k and v rows together, so k/v cannot be replicated apart "
+                      f"from q; use an mp that divides n_kv_heads, or convert without --qkv-concat")
     if config.vocab_size % mp:
         errors.append(f"vocab_size ({config.vocab_size}) is not divisible by mp ({mp}): "
                       f"the embedding and lm_head are split over the vocabulary")

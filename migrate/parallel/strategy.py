@@ -17,6 +17,7 @@ transpose_b=True; activations are flattened to (batch·seq, hidden)):
 
   op                              in_strategy                     meaning
   wq / w1 / w3 (column parallel)  ((dp, 1), (mp, 1))              weight split over out dim
+  w_qkv / w_gate_hidden (fused)   ((dp, 1), (mp, 1))              column parallel too (see below)
   wk / wv                         ((dp, 1), (mp, 1))              or ((dp, 1), (1, 1)) when kv heads are replicated
   wo / w2 (row parallel)          ((dp, mp), (1, mp))             weight split over in dim; output all-reduced
   bias of a column projection     ((dp, mp), (mp,))
@@ -24,32 +25,32 @@ transpose_b=True; activations are flattened to (batch·seq, hidden)):
   q·kᵀ, probs·v (BatchMatMul)     ((dp, mp, 1, 1), (dp, mp, 1, 1))  heads split over mp
   softmax                         ((dp, mp, 1, 1),)
   embedding gather                ((mp, 1), (dp, 1))              vocab-parallel table, batch split over dp
-  lm_head                         ((dp, 1), (mp, 1))              vocab-parallel logits
+  lm_head, or tied_head           ((dp, 1), (mp, 1))              vocab-parallel logits
 
 Norms, residual adds, RoPE and SwiGLU elementwise ops are not annotated:
 under the default context (`parallel_context`, sharding propagation) MindSpore
 derives their layouts from the annotated ops; under plain semi-auto they take
 MindSpore's default data-parallel strategy.
 
-Tied embeddings: the bundled model computes the tied head inline
-(`mint.matmul(h, weight.T)` in LlamaForCausalLM.construct), so there is no
-cell to swap; the returned map lists it in `.unhooked`. If the model grows a
-`tied_head` cell (construct(h, weight)), it is annotated like lm_head.
+Fused layouts (`qkv_concat`): w_qkv's rows come in whole KV groups ([q heads
+of group g | k_g | v_g]), so splitting its output rows over mp gives every
+rank n_kv_heads / mp complete groups, the same heads a split wq/wk/wv would
+give it; w_gate_hidden's rows interleave gate/up (g0, u0, g1, u1, ...), so a
+split gives every rank matched pairs for a contiguous range of intermediate
+indices, which is what the row-parallel w2 expects. Replicated k/v
+(n_kv_heads < mp) cannot be had without also replicating q; layout.validate
+refuses that combination.
+
+Tied embeddings: the head is the parameter-free `tied_head` cell
+(construct(h, weight)); it is swapped and annotated like lm_head, its weight
+operand split over the vocabulary like the embedding gather's table.
 """
 from __future__ import annotations
 
 from mindspore import mint, nn, ops
 
-from migrate.models.llama import F32, Linear, LlamaAttention, LlamaEmbedding
+from migrate.models.llama import F32, Linear, LlamaAttention, LlamaEmbedding, TiedHead
 from migrate.parallel.layout import Layout, check, kv_replicated
-
-
-class StrategyMap(dict):
-    """op path -> in_strategy read back from the primitive; `.unhooked` lists ops that could not be annotated."""
-
-    def __init__(self, *args, unhooked=(), **kwargs):
-        super().__init__(*args, **kwargs)
-        self.unhooked = list(unhooked)
 
 
 def _copy_precision(dst: nn.Cell, src: nn.Cell) -> None:
@@ -113,6 +114,24 @@ class ShardedEmbedding(LlamaEmbedding):
         return out
 
 
+class ShardedTiedHead(TiedHead):
+    """`TiedHead` through an `ops.MatMul` primitive: h · Eᵀ with E the (vocab, hidden) embedding table."""
+
+    def __init__(self, head: TiedHead):
+        nn.Cell.__init__(self)
+        _copy_precision(self, head)
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def set_strategy(self, dp: int, mp: int) -> None:
+        # Vocab-parallel: the table is split over its rows, as for the embedding gather.
+        self.matmul.shard(((dp, 1), (mp, 1)))
+
+    def construct(self, h, weight):
+        shape = h.shape
+        y = self.matmul(h.reshape(-1, shape[-1]), weight)
+        return self._r(y.reshape(shape[:-1] + (y.shape[-1],)))
+
+
 class ShardedAttention(LlamaAttention):
     """`LlamaAttention` with q·kᵀ, softmax and probs·v as primitives; same math, same parameters.
 
@@ -123,17 +142,23 @@ class ShardedAttention(LlamaAttention):
     def __init__(self, attn: LlamaAttention):
         nn.Cell.__init__(self)
         _copy_precision(self, attn)
-        for name in ("num_heads", "n_kv_heads", "n_rep", "head_dim", "scaling", "dropout"):
+        for name in ("num_heads", "n_kv_heads", "n_rep", "head_dim", "scaling", "dropout", "qkv_concat"):
             setattr(self, name, getattr(attn, name))
-        self.wq, self.wk, self.wv, self.wo = (_as_sharded_linear(getattr(attn, n)) for n in ("wq", "wk", "wv", "wo"))
+        for name in _projections(attn):
+            setattr(self, name, _as_sharded_linear(getattr(attn, name)))
         self.bmm_qk = ops.BatchMatMul(transpose_b=True)
         self.softmax = ops.Softmax(axis=-1)
         self.bmm_pv = ops.BatchMatMul()
 
     def set_strategy(self, dp: int, mp: int, kv_replicated: bool) -> None:
-        self.wq.set_strategy("column", dp, mp)
-        for proj in (self.wk, self.wv):
-            proj.set_strategy("replicated" if kv_replicated else "column", dp, mp)
+        if self.qkv_concat:
+            if kv_replicated:  # layout.validate refuses this; k/v rows are fused with q's
+                raise ValueError("a fused w_qkv cannot replicate k/v apart from q")
+            self.w_qkv.set_strategy("column", dp, mp)  # whole KV groups per rank (module docstring)
+        else:
+            self.wq.set_strategy("column", dp, mp)
+            for proj in (self.wk, self.wv):
+                proj.set_strategy("replicated" if kv_replicated else "column", dp, mp)
         self.wo.set_strategy("row", dp, mp)
         heads = ((dp, mp, 1, 1), (dp, mp, 1, 1))
         self.bmm_qk.shard(heads)
@@ -142,9 +167,12 @@ class ShardedAttention(LlamaAttention):
 
     def construct(self, x, cos, sin, mask):
         b, s, _ = x.shape
-        q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
-        k = self.wk(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
-        v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
+        if self.qkv_concat:
+            q, k, v = self._split_qkv(self.w_qkv(x), b, s)
+        else:
+            q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+            k = self.wk(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
+            v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
         q = self._rope(q, cos, sin)
         k = self._repeat_kv(self._rope(k, cos, sin))
         v = self._repeat_kv(v)
@@ -163,6 +191,15 @@ def _as_sharded_linear(cell):
     return cell if isinstance(cell, ShardedLinear) else ShardedLinear(cell)
 
 
+def _projections(attn) -> tuple[str, ...]:
+    return ("w_qkv", "wo") if attn.qkv_concat else ("wq", "wk", "wv", "wo")
+
+
+def _ffn_columns(ffn) -> tuple[str, ...]:
+    """The feed-forward's column-parallel projections (w2 is the row-parallel one)."""
+    return ("w_gate_hidden",) if ffn.ffn_concat else ("w1", "w3")
+
+
 def _sharded_cells(model):
     """Swap the model's cells for the primitive-carrying subclasses (idempotent); return them."""
     inner = model.model
@@ -172,10 +209,12 @@ def _sharded_cells(model):
         if not isinstance(layer.attention, ShardedAttention):
             layer.attention = ShardedAttention(layer.attention)
         ffn = layer.feed_forward
-        for name in ("w1", "w2", "w3"):
+        for name in _ffn_columns(ffn) + ("w2",):
             setattr(ffn, name, _as_sharded_linear(getattr(ffn, name)))
     if _has_cell(model, "lm_head"):
         model.lm_head = _as_sharded_linear(model.lm_head)
+    elif not isinstance(model.tied_head, ShardedTiedHead):
+        model.tied_head = ShardedTiedHead(model.tied_head)
     # Cell.__setattr__ prefixes the names of a new child's parameters; put back
     # the full paths the model (and its checkpoints) use.
     for name, param in model.parameters_and_names():
@@ -186,7 +225,7 @@ def _has_cell(model, name: str) -> bool:
     return name in model.name_cells()
 
 
-def assign_strategies(model, layout: Layout) -> StrategyMap:
+def assign_strategies(model, layout: Layout) -> dict[str, tuple]:
     """Annotate every matmul (and the embedding gather, attention softmax) of the bundled model.
 
     Returns op path -> in_strategy, read back from the primitives' attributes
@@ -202,18 +241,14 @@ def assign_strategies(model, layout: Layout) -> StrategyMap:
     for layer in inner.layers:
         layer.attention.set_strategy(dp, mp, replicated)
         ffn = layer.feed_forward
-        ffn.w1.set_strategy("column", dp, mp)
-        ffn.w3.set_strategy("column", dp, mp)
+        for name in _ffn_columns(ffn):
+            getattr(ffn, name).set_strategy("column", dp, mp)
         ffn.w2.set_strategy("row", dp, mp)
-    unhooked = []
     if _has_cell(model, "lm_head"):
         model.lm_head.set_strategy("column", dp, mp)
-    elif _has_cell(model, "tied_head"):
-        head = model.tied_head
-        head.matmul.shard(((dp, 1), (mp, 1)))  # a tied_head hook must hold `matmul` = ops.MatMul(transpose_b=True)
     else:
-        unhooked.append("lm_head.matmul (tied to model.tok_embeddings.embedding_weight)")
-    return StrategyMap(read_strategies(model), unhooked=unhooked)
+        model.tied_head.set_strategy(dp, mp)
+    return read_strategies(model)
 
 
 def read_strategies(model) -> dict[str, tuple]:
@@ -268,6 +303,6 @@ def per_device_params(model) -> int:
 
 
 __all__ = [
-    "ShardedAttention", "ShardedEmbedding", "ShardedLinear", "StrategyMap",
+    "ShardedAttention", "ShardedEmbedding", "ShardedLinear", "ShardedTiedHead",
     "assign_strategies", "param_splits", "per_device_params", "read_strategies",
 ]

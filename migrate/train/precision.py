@@ -9,8 +9,9 @@ fp32 accumulation and hands out a low-precision result; everything else
 (embedding, RMSNorm, residual adds, RoPE products, softmax, the loss) runs in
 fp32 by type promotion. `autocast_model(model, dtype)` gives the bundled fp32
 model exactly that op-by-op policy: it swaps the classes of its Linear,
-attention, MLP and LM cells for subclasses whose `construct` rounds (fp32 ->
-dtype -> fp32) at the points where autocast holds a low-precision tensor:
+attention, MLP, tied-head and LM cells for subclasses whose `construct`
+rounds (fp32 -> dtype -> fp32) at the points where autocast holds a
+low-precision tensor:
 
   * Linear:      round(linear(round(x), round(W), round(b)))
   * attention:   scores = round(round(matmul(round(q), round(k)^T)) * scaling)
@@ -105,12 +106,17 @@ class AutocastFeedForward(_Autocast, L.LlamaFeedForward):
         return self.w2(self._ac(self._ac(self.act_fn(gate)) * up))
 
 
+class AutocastTiedHead(_Autocast, L.TiedHead):
+    def construct(self, h, weight):
+        return self._ac(mint.matmul(self._ac(h), self._ac(weight).T))
+
+
 class AutocastCausalLM(_Autocast, L.LlamaForCausalLM):
     def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False):
         if self.tie_word_embeddings:
             weight = self.model.tok_embeddings.embedding_weight
             h, hidden = self.model(input_ids, attention_mask, output_hidden_states, weight)
-            logits = self._ac(mint.matmul(self._ac(h), self._ac(weight).T))
+            logits = self.tied_head(h, weight)
         else:
             h, hidden = self.model(input_ids, attention_mask, output_hidden_states)
             logits = self.lm_head(h)
@@ -123,7 +129,8 @@ class AutocastCausalLM(_Autocast, L.LlamaForCausalLM):
 
 
 _SWAPS = ((L.Linear, AutocastLinear), (L.LlamaAttention, AutocastAttention),
-          (L.LlamaFeedForward, AutocastFeedForward), (L.LlamaForCausalLM, AutocastCausalLM))
+          (L.LlamaFeedForward, AutocastFeedForward), (L.TiedHead, AutocastTiedHead),
+          (L.LlamaForCausalLM, AutocastCausalLM))
 
 
 def autocast_model(model, dtype: str, rounding: bool = True):
