@@ -27,7 +27,8 @@ def _cmd_compare(args) -> int:
 
     result = compare_runs(
         args.golden, args.ms, noise_path=args.noise, dtype=args.dtype, allow_prefix=args.allow_prefix,
-        tolerances={"first": args.tol_first, "mean": args.tol_mean, "max": args.tol_max, "lr": args.tol_lr},
+        tolerances={"first": args.tol_first, "mean": args.tol_mean, "max": args.tol_max, "lr": args.tol_lr,
+                    "clip": args.tol_clip},
     )
     print_summary(result, console())
     if args.plot:
@@ -42,7 +43,7 @@ def _cmd_keymap_check(args) -> int:
     from migrate.keymap_check import check_keymap
     from migrate.ui import console
 
-    result = check_keymap(args.keymap, args.hf, args.ms_model)
+    result = check_keymap(args.keymap, args.hf, args.ms_model, target=args.target)
     out = console()
     out.print(f"keymap {result.keymap.name} v{result.keymap.version} ({result.keymap.path}) -> {result.target}: "
               f"{result.pairs} pairs")
@@ -65,16 +66,16 @@ def _cmd_keymap_check(args) -> int:
 def _cmd_train(args) -> int:
     import sys
 
-    from migrate.models.config import LlamaConfig
     from migrate.train.config import RunConfig
     from migrate.train.launch import Cluster, launch
     from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
+    from migrate.train.trainer import trainable_model_config
     from migrate.ui import console
 
     cfg = RunConfig.load(args.config)
     layout = run_layout_of(cfg, args.dp, args.mp, args.pp, args.micro_batches, args.optimizer_shard)
     cluster = Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port)
-    errors = layout_errors(layout, LlamaConfig.load(cfg.require("ms_model")), cfg, cluster)
+    errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)
     if errors:  # one line per broken rule, then the usual error exit
         for line in errors[:-1]:
             print(f"migrate: error: {line}", file=sys.stderr)
@@ -205,6 +206,7 @@ def register(sub) -> None:
     p.add_argument("keymap", help="a keymap YAML file (or a bundled family name)")
     p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
     p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
+    p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
     p.set_defaults(func=_cmd_keymap_check)
 
     p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")
@@ -219,5 +221,6 @@ def register(sub) -> None:
     p.add_argument("--tol-mean", type=float, help="mean relative loss difference bound")
     p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
     p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
+    p.add_argument("--tol-clip", type=float, help="mean signed post-clip grad-norm relative difference bound")
     p.set_defaults(func=_cmd_compare)
 

@@ -418,17 +418,25 @@ def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
 
 
 def recorded_keymap(ms_dir: str | Path) -> str:
-    """The keymap a converted folder's conversion.json records; hf_llama for a folder
-    without one (a trained run's checkpoint)."""
+    """The keymap a folder was made with: a converted folder's conversion.json, or a
+    training checkpoint's trainer_state.json; hf_llama for a folder with neither."""
     import json
 
-    manifest = Path(ms_dir) / "conversion.json"
-    if not manifest.is_file():
-        return "hf_llama"
-    try:
-        return json.loads(manifest.read_text())["keymap"]["name"]
-    except (ValueError, KeyError, TypeError):
-        raise MigrateError(f"{manifest} is not a conversion manifest") from None
+    folder = Path(ms_dir)
+    for name, keys in (("conversion.json", ("keymap", "name")), ("trainer_state.json", ("keymap",))):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text())
+            for key in keys:
+                value = value[key]
+        except (ValueError, KeyError, TypeError):
+            value = None
+        if not isinstance(value, str):
+            raise MigrateError(f"{path} names no keymap")
+        return value
+    return "hf_llama"
 
 
 def resolve(name_or_path: str, hf_config: dict | None = None) -> Keymap:

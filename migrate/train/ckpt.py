@@ -96,7 +96,8 @@ def shard_staging_dir(run_dir: str | Path, step: int) -> Path:
 
 def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, optimizer, state: dict,
                     metrics_text: str, sidecar_src: Path | None = None, keep: int | None = None,
-                    parallel_layout: dict | None = None, shard_staging: Path | None = None) -> Path:
+                    parallel_layout: dict | None = None, shard_staging: Path | None = None,
+                    param_names: dict[str, str] | None = None) -> Path:
     """Write RUN/checkpoints/checkpoint-<step> atomically, point `latest` at it, prune to `keep`.
 
     parallel_layout: the run's `dist_ckpt.layout_record` (several processes);
@@ -104,13 +105,19 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, opti
     shard_staging: a folder holding every rank's optimizer shard file (then
     the layout must carry "optimizer_slices"); they are moved in instead of
     writing optimizer.ckpt.
+    param_names: model parameter name -> name written in model.ckpt (a converted
+    folder's renaming target, e.g. mcore); optimizer moments keep the model's names.
     """
     from migrate.train.dist_ckpt import LAYOUT_FILE, SHARD_PREFIX
 
     folder = Path(run_dir) / FOLDER
     final = folder / f"{PREFIX}{step}"
     with atomic_output_dir(final, overwrite=True) as tmp:
-        ms.save_checkpoint(model, str(tmp / MODEL_FILE))
+        if param_names:
+            ms.save_checkpoint([{"name": param_names.get(p.name, p.name), "data": p} for p in model.get_parameters()],
+                               str(tmp / MODEL_FILE))
+        else:
+            ms.save_checkpoint(model, str(tmp / MODEL_FILE))
         config = type(model_config).from_dict(model_config.to_dict())
         config.compute_dtype = "float32"  # the saved parameters are the fp32 masters
         config.save(tmp / MODEL_CONFIG)

@@ -62,18 +62,34 @@ def ms_decay_names(ms_param_names: Iterable[str], keymap, ms_config,
     """MindSpore parameter names that decay: those whose HF pair decays.
 
     `hf_decay` (e.g. the golden run's list) overrides the name rule for HF names.
-    A MindSpore weight dropped as tied follows the HF weight it is tied to.
+    A MindSpore weight dropped as tied follows the HF weight it is tied to. A fused
+    parameter (`--qkv-concat`'s w_qkv) decays iff all the HF tensors it holds do;
+    sources that disagree (a weight fused with a bias) cannot be trained alike.
     """
     config = ms_config.to_dict() if hasattr(ms_config, "to_dict") else dict(ms_config)
-    active, tied = keymap.pairs(config)
-    hf_of = {p.dst: p.src for p in active}
-    hf_of.update({p.dst: p.tied_to for p in tied if p.dst not in hf_of})
+    sources = hf_sources(keymap, config)
     names = list(ms_param_names)
-    unpaired = [n for n in names if n not in hf_of]
+    unpaired = [n for n in names if n not in sources]
     if unpaired:
         raise MigrateError(f"keymap {keymap.name} pairs no HF parameter with MindSpore "
                            f"{', '.join(unpaired[:5])}{' ...' if len(unpaired) > 5 else ''}")
     rules = list(no_decay_rules)
-    if hf_decay is not None:
-        return {n for n in names if hf_of[n] in hf_decay}
-    return {n for n in names if hf_name_decays(hf_of[n], rules)}
+
+    def decays(name: str) -> bool:
+        votes = {hf in hf_decay if hf_decay is not None else hf_name_decays(hf, rules) for hf in sources[name]}
+        if len(votes) > 1:
+            raise MigrateError(f"MindSpore {name} fuses HF parameters of which only some decay: "
+                               f"{', '.join(sources[name])}")
+        return votes.pop()
+
+    return {n for n in names if decays(n)}
+
+
+def hf_sources(keymap, ms_config: dict) -> dict[str, tuple[str, ...]]:
+    """MindSpore parameter name -> the HF parameter names it is made of (one for a
+    rename, several for a fused row; a tied head: the weight it is tied to)."""
+    groups, tied = keymap.groups(ms_config)
+    out = {dst: group.src for group in groups for dst in group.dst}
+    for pair in tied:
+        out.setdefault(pair.dst, (pair.tied_to,))
+    return out

@@ -183,20 +183,22 @@ def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
 
 
 def _to_ms_names(hf_names: set[str], keymap, ms_config) -> dict[str, str]:
-    """HF name -> MindSpore name through the keymap (tied HF weights map to their MindSpore twin)."""
-    active, tied = keymap.pairs(ms_config.to_dict())
-    to_ms = {p.src: p.dst for p in active}
-    for p in tied:  # a dropped tied weight: the HF name it is tied to carries it
-        if p.tied_to in to_ms:
-            to_ms.setdefault(p.src, to_ms[p.tied_to])
-    return {n: to_ms.get(n, f"<unpaired {n}>") for n in hf_names}
+    """MindSpore name -> the HF names it is made of, for the MindSpore parameters whose
+    HF sources all lie in `hf_names` (a fused parameter needs every one of them); HF
+    names no MindSpore parameter covers map from an `<unpaired ...>` marker."""
+    groups, tied = keymap.groups(ms_config.to_dict())
+    sources = {dst: group.src for group in groups for dst in group.dst}
+    out = {ms: ", ".join(hf) for ms, hf in sources.items() if all(n in hf_names for n in hf)}
+    # A tied HF head has no MindSpore parameter of its own: the embedding carries it.
+    covered = {n for hf in sources.values() for n in hf} | {pair.src for pair in tied}
+    out.update({f"<unpaired {n}>": n for n in hf_names if n not in covered})
+    return out
 
 
 def _set_row(knob: str, golden_hf: set[str], ms_names: set[str], keymap, ms_config) -> HparamRow:
-    paired = _to_ms_names(golden_hf, keymap, ms_config)
-    golden_ms = set(paired.values())
+    hf_of = _to_ms_names(golden_hf, keymap, ms_config)
+    golden_ms = set(hf_of)
     only_ms, only_golden = sorted(ms_names - golden_ms), sorted(golden_ms - ms_names)
-    hf_of = {v: k for k, v in paired.items()}
     detail = []
     if only_ms:
         detail.append(f"only MindSpore ({_kinds(only_ms)}): " + ", ".join(only_ms[:4])

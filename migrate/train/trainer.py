@@ -76,7 +76,7 @@ import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 
 from migrate.errors import MigrateError
-from migrate.keymap import Keymap
+from migrate.keymap import Keymap, recorded_keymap
 from migrate.parallel.layout import Layout
 from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state,
                                 shard_staging_dir)
@@ -88,7 +88,6 @@ from migrate.train.precision import DynamicLossScaler, autocast_model
 
 F32 = ms.float32
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
-DEFAULT_KEYMAP = "hf_llama"
 # Keys of the resumed run's config that may differ from the checkpoint's.
 RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data", "eval_interval", "eval_samples",
                "peak_flops"}
@@ -157,33 +156,33 @@ class MSTraining:
         return self.micro.loss_divisor
 
 
-def keymap_of(ms_dir: Path) -> str:
-    """The keymap a converted (or trained) folder was made with."""
-    for name, key in (("conversion.json", ("keymap", "name")), ("trainer_state.json", ("keymap",))):
-        path = Path(ms_dir) / name
-        if path.is_file():
-            try:
-                value = json.loads(path.read_text())
-                for k in key:
-                    value = value[k]
-                if isinstance(value, str):
-                    return value
-            except (ValueError, KeyError, TypeError):
-                pass
-    return DEFAULT_KEYMAP
+TRAINABLE_MODEL = "migrate.models.llama:LlamaForCausalLM"
+
+
+def trainable_model_config(ms_dir):
+    """The model config of a converted folder the trainer can train (the bundled Llama:
+    hf_llama, hf_qwen2, hf_mistral, fused or not); anything else is refused in one line."""
+    from migrate.models.config import LlamaConfig, load_model_config
+    from migrate.models.registry import MODEL_CLASS_FIELD
+
+    config = load_model_config(Path(ms_dir) / "model.yaml")
+    model_class = config.extra.get(MODEL_CLASS_FIELD) or TRAINABLE_MODEL
+    if model_class != TRAINABLE_MODEL or not isinstance(config, LlamaConfig):
+        raise MigrateError(f"migrate train trains the bundled Llama family (hf_llama, hf_qwen2, hf_mistral); "
+                           f"{ms_dir} holds {model_class}")
+    return config
 
 
 def load_training_model(cfg: RunConfig, weights: bool = True):
     """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy."""
-    from migrate.models.config import LlamaConfig
     from migrate.models.loading import load_model
     from migrate.models.registry import build_model
 
     ms_dir = cfg.require("ms_model")
+    config = trainable_model_config(ms_dir)
     if weights:
         model, config = load_model(ms_dir, compute_dtype="float32")
     else:
-        config = LlamaConfig.load(Path(ms_dir) / "model.yaml")
         config.compute_dtype = "float32"
         model = build_model(config)
     config.attention_dropout = cfg.dropout  # the golden sets every *dropout field
@@ -201,7 +200,9 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
     faults = check_faults(faults)
     if model is None:
         model, model_config = load_training_model(cfg, weights)
-    keymap = Keymap.load(keymap_of(cfg.require("ms_model")))
+    model_config = model_config or model.config
+    # The variant and target (qkv_concat, mcore) the folder was converted to pair the parameters.
+    keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
     decay_rule = "mindspore" if "decay_biases" in faults else "hf"
     opt = cfg.optimizer
     optimizer = AdamW(param_groups(model, cfg, keymap, decay_rule), lr=opt.lr, betas=opt.betas,
@@ -216,6 +217,12 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
 
 
 # ---------- throughput ----------
+def checkpoint_names(training: MSTraining) -> dict[str, str]:
+    """Model parameter name -> the name the converted folder's checkpoint uses (a keymap
+    target that renames, e.g. mcore), so training checkpoints read like that folder."""
+    return training.keymap.checkpoint_names(training.model_config.to_dict())
+
+
 def flops_per_token(config, seq_length: int) -> int:
     """6 N + 12 L s (heads * head_dim); see the module docstring."""
     h, v = config.hidden_size, config.vocab_size
@@ -351,7 +358,9 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
     start, sched_pos, tokens, elapsed0 = 0, 0, 0, 0.0
     metrics_lines: list[str] = []
     if checkpoint is not None:
-        not_loaded, unused = ms.load_param_into_net(model, checkpoint.parameters(), strict_load=True)
+        model_name = {saved: own for own, saved in checkpoint_names(training).items()}
+        params = {model_name.get(name, name): value for name, value in checkpoint.parameters().items()}
+        not_loaded, unused = ms.load_param_into_net(model, params, strict_load=True)
         if not_loaded or unused:
             raise MigrateError(f"checkpoint {checkpoint.path} does not fit the model: "
                                f"{len(not_loaded)} parameters not loaded, {len(unused)} entries unused")
@@ -477,7 +486,7 @@ def _save(out: Path, step: int, training: MSTraining, state: dict, metrics_lines
         save_checkpoint(out, step, model=training.model, model_config=training.model_config,
                         optimizer=training.optimizer, state=state, metrics_text="".join(metrics_lines),
                         sidecar_src=cfg.ms_model, keep=cfg.keep_checkpoints, parallel_layout=layout_file,
-                        shard_staging=staging)
+                        shard_staging=staging, param_names=checkpoint_names(training))
 
 
 class _NoFile:
