@@ -15,7 +15,6 @@ threads each MindSpore process uses, the ranks compete for the same cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,12 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("GLOG_v", "3")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def tokens_per_second(run_dir: Path) -> float:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    first, last = rows[0], rows[-1]
-    return (last["tokens"] - first["tokens"]) / (last["time"] - first["time"])
+from train_speed import tokens_per_second  # noqa: E402  (the same measure as the speed bench)
 
 
 def main(argv=None) -> int:

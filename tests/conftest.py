@@ -19,3 +19,15 @@ def _pynative_by_default():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield
     ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny golden runs gain nothing from threads, and spinning OpenMP threads on a busy
+    2-core machine slow them 10-50x; the numbers are bit-identical either way."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from train_setup import load_cfg, load_golden, make_run_dir
 
 from migrate.cli import main
@@ -22,13 +21,7 @@ golden = load_golden()
 NOISE_DATA_SEED = 6  # the run config's data_seed is 5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    # Tiny golden runs gain nothing from threads; spinning OpenMP threads on a busy 2-core machine slow them.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

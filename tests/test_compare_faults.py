@@ -21,7 +21,6 @@ catches it there.
 import json
 
 import pytest
-import torch
 from train_setup import load_golden, make_run_dir
 
 from migrate.cli import main
@@ -58,12 +57,7 @@ CAUGHT_BY = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

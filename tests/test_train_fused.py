@@ -39,9 +39,9 @@ def test_fused_parameters_decay_as_their_sources(run_dir, target):
     assert fused <= decayed and not fused_bias & decayed
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_fused_training_follows_the_golden(run_dir):
     cfg = load_cfg(run_dir, ms_model=str(run_dir / "ms_mcore"), total_steps=4, schedule=SHORT)
-    torch.set_num_threads(1)
     load_golden().train(cfg, run_dir / "golden_fused", log=lambda line: None)
     train(cfg, run_dir / "ms_fused_run", progress=False)
     g, m = metrics(run_dir / "golden_fused"), metrics(run_dir / "ms_fused_run")

@@ -23,14 +23,7 @@ GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens",
 SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    # The tiny golden runs gain nothing from threads, and two spinning OpenMP threads on a busy
-    # 2-core machine slow them 10-50x; the numbers are bit-identical either way.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
