@@ -56,8 +56,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(cfg: RunConfig):
-    """HF model in fp32, eager attention, every *dropout config field set to cfg.dropout."""
+def build_model(cfg: RunConfig, weights: bool = True):
+    """HF model in fp32, eager attention, every *dropout config field set to cfg.dropout.
+    weights=False builds it on the meta device from config.json alone (no weight read, no
+    memory): what `migrate hparams` needs to build the optimizer and scheduler of a 70B."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = cfg.require("hf_model")
@@ -70,8 +72,12 @@ def build_model(cfg: RunConfig):
         if key.endswith("dropout"):
             setattr(config, key, cfg.dropout)
     config.use_cache = False  # training: no KV cache (HF Trainer turns it off with recompute too)
-    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
-                                                 attn_implementation="eager", local_files_only=True)
+    if weights:
+        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
+                                                     attn_implementation="eager", local_files_only=True)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     if cfg.recompute:
         model.activation_checkpointing_enable()  # transformers 5's name for gradient checkpointing
     return model.train()

@@ -53,3 +53,15 @@ def test_probes_and_bad_fault_names(cfg):
     assert probe_torch_clip_eps() == 1e-6  # measured on torch's clip_grad_norm_, not assumed
     with pytest.raises(MigrateError, match="unknown training fault 'nope'"):
         hparams_report(cfg, faults=["nope"])
+
+
+def test_hparams_reads_no_weights(cfg, tmp_path):
+    """The golden side builds its model on torch's meta device from config.json alone (no
+    weight read, no memory): a HF folder with config.json but no weight file compares the same."""
+    import shutil
+
+    hf = tmp_path / "hf_config_only"
+    hf.mkdir()
+    shutil.copy(cfg.hf_model / "config.json", hf / "config.json")
+    report = hparams_report(cfg.replace(hf_model=hf))
+    assert report.exit_status == 0, report.first_difference

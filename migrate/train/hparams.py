@@ -119,7 +119,7 @@ def probe_torch_clip_eps() -> float:
 # ---------- the two sides ----------
 def golden_knobs(cfg: RunConfig) -> dict:
     golden = load_golden()
-    model = golden.build_model(cfg)
+    model = golden.build_model(cfg, weights=False)  # on the meta device: names and shapes, no weights
     optimizer = golden.build_optimizer(model, cfg)
     scheduler = golden.build_scheduler(optimizer, cfg)
     scaler = golden.build_scaler(cfg)
