@@ -113,8 +113,10 @@ rule bounds |mean of s_t|. Rounding averages out (measured: 1.6e-8 over 96
 clipped fp32 steps, 7.7e-9 over 85 bf16 ones), while a clip coefficient
 without torch's +1e-6 shifts every clipped step by +1e-6 / norm (8.3e-7
 there) -- a fault AdamW hides from the loss curve, since it is invariant to
-the gradient's scale. The noise run's figure is reported, never used to widen
-this bound.
+the gradient's scale. Over few clipped steps the bound widens to 3 standard
+errors of that mean (single steps differ by up to ~1e-6: the demo's 12 clipped
+steps averaged 1.7e-7). The noise run's figure is reported, never used to
+widen this bound.
 
 Override any bound with ``tolerances={"first": ..., "mean": ..., "max": ...,
 "lr": ..., "grad_mean": ..., "grad_max": ..., "band_k": ..., "window": ...,
@@ -898,18 +900,29 @@ def _clip_check(golden: Run, ms: Run, noise: Run | None, steps: np.ndarray, tol:
                      detail="no step was clipped on both sides with pre-clip norms within 1 %: "
                             "the rule has nothing to judge")
     value = abs(_nanmean(signed))
-    passed = not (value > tol.clip)
+    limit = _clip_limit(signed[judged], tol.clip)
+    passed = not (value > limit)
     step, detail = None, ""
     if not passed:
         running = np.abs(_running_mean(signed))
-        step = _first_over(steps[judged], running[judged], tol.clip)
+        step = _first_over(steps[judged], running[judged], limit)
         direction = "larger" if _nanmean(signed) > 0 else "smaller"
         detail = (f"MindSpore's post-clip grad norm is {direction} than the golden's by {_fmt(value)} on average "
-                  f"over {int(judged.sum())} clipped steps > {_fmt(tol.clip)}: the clip coefficient differs "
+                  f"over {int(judged.sum())} clipped steps > {_fmt(limit)}: the clip coefficient differs "
                   "(torch divides max_norm by norm + 1e-6)")
     res.fail_steps["clip"] = [] if passed else [int(x) for x in steps[judged]]
     return Check("clip", "post-clip grad-norm rel diff, clipped steps", value=value,
-                 limit=tol.clip, passed=passed, step=step, noise=noise_value, detail=detail)
+                 limit=limit, passed=passed, step=step, noise=noise_value, detail=detail)
+
+
+def _clip_limit(signed: np.ndarray, bound: float) -> float:
+    """`bound`, widened to 3 standard errors of the mean when the clipped steps are few or
+    noisy: a norm summed in fp32 over millions of elements moves by up to ~1e-6 per step, and
+    the mean of a dozen such steps can pass 2e-7 by chance, where a missing clip epsilon
+    shifts every step by 1e-6 / norm."""
+    if signed.size < 2 or not math.isfinite(bound):
+        return bound
+    return max(bound, 3.0 * float(np.std(signed, ddof=1)) / math.sqrt(signed.size))
 
 
 def _lr_hint(rg: np.ndarray, rm: np.ndarray, i: int) -> str:
