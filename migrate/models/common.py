@@ -26,11 +26,6 @@ def check_dtype(compute_dtype: str) -> None:
         raise MigrateError(f"compute_dtype {compute_dtype!r} is not supported; supported: {', '.join(_DTYPES)}")
 
 
-def check_heads(hidden_size: int, num_heads: int) -> None:
-    if num_heads <= 0 or hidden_size % num_heads:
-        raise MigrateError(f"hidden_size ({hidden_size}) is not a multiple of num_heads ({num_heads})")
-
-
 # ---------------------------------------------------------------- parameters
 
 def normal_param(prec: _Precision, name: str, shape, std: float | None = None,

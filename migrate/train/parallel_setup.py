@@ -19,7 +19,6 @@ executed here (no Ascend/GPU on this machine).
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import nn, ops
 
 from migrate.errors import MigrateError
 from migrate.parallel.context import needs_auto_parallel
@@ -73,20 +72,6 @@ def refuse_unsupported(layout: Layout, device_target: str | None = None) -> None
 
 
 # ---------- wiring, in each worker ----------
-class PreShiftedLMLoss(nn.Cell):
-    """loss = net(input_ids, targets): the trainer's loss (targets already shifted), as Pipeline wants it."""
-
-    def __init__(self, model):
-        super().__init__(auto_prefix=False)
-        self.model = model
-        self.vocab_size = model.vocab_size
-
-    def construct(self, input_ids, targets):
-        logits, _, _ = self.model(input_ids)
-        flat = logits.astype(ms.float32).reshape(-1, self.vocab_size)
-        return ops.cross_entropy(flat, targets.reshape(-1), ignore_index=-100, reduction="mean")
-
-
 def pipeline_micro_step(training, layout: Layout, network):
     """The trainer's MicroStep over a Pipeline network: it sums micro_batches losses, so the
     divisor grows by micro_batches and the logged loss is their mean."""
@@ -122,6 +107,8 @@ def wire_model_parallel(training, layout: Layout) -> dict:
     stages = assign_pipeline_stages(model, layout.pp) if layout.pp > 1 else {}
     reducer = None
     if layout.pp > 1:
+        from migrate.train.trainer import PreShiftedLMLoss
+
         network = build_pipeline_network(PreShiftedLMLoss(model), layout)
         training.micro = pipeline_micro_step(training, layout, network)
         reducer = pipeline_grad_reducer(training.optimizer, layout)

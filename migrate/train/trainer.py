@@ -122,7 +122,10 @@ class MicroStep(nn.Cell):
         return loss, self.hyper_map(ops.add, acc, grads)
 
 
-class EvalStep(nn.Cell):
+class PreShiftedLMLoss(nn.Cell):
+    """loss = net(input_ids, targets), targets already shifted: evaluation, and the loss
+    network MindSpore's Pipeline wraps."""
+
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
@@ -398,7 +401,7 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
         metrics_path.write_text("".join(metrics_lines))
 
     zeros = tuple(Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters)
-    eval_step = EvalStep(model) if eval_rows is not None else None
+    eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
     batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
     run_start = time.perf_counter() - elapsed0
     metrics_sink = open(metrics_path, "a") if writer else contextlib.nullcontext(_NoFile())
