@@ -99,7 +99,8 @@ def _cmd_train(args) -> int:
         if result.code != 0:
             print(f"migrate: error: distributed run failed: {result.summary()}", file=sys.stderr)
             return result.code
-    out.print(f"[green]trained[/] -> {out_dir} (metrics.jsonl, checkpoints/)")
+    written = "metrics.jsonl, checkpoints/" if cfg.checkpoint_interval else "metrics.jsonl; checkpoint_interval is 0"
+    out.print(f"[green]trained[/] -> {out_dir} ({written})")
     return 0
 
 
