@@ -35,9 +35,9 @@ from migrate.checkpoints.sharding import (
 )
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
-from migrate.keymap import TARGET_FIELD, resolve
-from migrate.models.config import ConfigIO, config_class
-from migrate.models.registry import MODEL_CLASS_FIELD
+from migrate.keymap import resolve
+from migrate.keymap_check import coverage, target_model_config
+from migrate.models.config import ConfigIO
 from migrate.models.shapes import expected_shapes
 from migrate.sidecar import copy_sidecars
 
@@ -103,9 +103,7 @@ def convert(
     km.check_source(raw_config)
     km = km.for_source(raw_config).with_target(target)  # the architecture's variant, then the target layout
     ms_fields = km.hf_to_ms_config(load_hf_config(src))
-    from migrate.keymap_check import with_base_prefix
-
-    ckpt = with_base_prefix(open_hf_checkpoint(src), km)  # a base-model-only file reads under full names
+    ckpt = open_hf_checkpoint(src).add_prefix_if_absent(km.base_prefix)  # a base-model-only file: full names
     try:
         return _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc,
                         hash_sources, started)
@@ -117,10 +115,7 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
              started):
     out_dtype = _choose_dtype(ckpt, dtype)
     ms_fields["compute_dtype"] = COMPUTE_DTYPE[out_dtype]
-    ms_fields[MODEL_CLASS_FIELD] = km.target
-    if km.target_name:
-        ms_fields[TARGET_FIELD] = km.target_name  # the model loads the checkpoint back through it
-    config = config_class(km.target).from_dict(ms_fields)
+    config = target_model_config(km, ms_fields)
     fields = config.to_dict()
     expected = expected_shapes(config, km.target)  # computed without importing MindSpore
 
@@ -316,8 +311,6 @@ def _choose_dtype(ckpt, dtype: str) -> np.dtype:
 
 
 def _check_coverage(ckpt, groups, tied, ignored, expected, fields: dict) -> None:
-    from migrate.keymap_check import coverage
-
     found = coverage(ckpt.specs, groups, tied, ignored, expected, fields)
     if not found.complete:
         target_of = {s: ", ".join(g.dst) for g in groups for s in g.src}

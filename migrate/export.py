@@ -18,8 +18,9 @@ from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
-from migrate.keymap import MODEL_CLASS, TARGET_FIELD, recorded_keymap, resolve
+from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
 from migrate.models.config import load_model_config
+from migrate.models.registry import MODEL_CLASS_FIELD
 from migrate.sidecar import copy_sidecars
 
 HF_WEIGHTS = "model.safetensors"
@@ -59,7 +60,7 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
         raise CoverageError(missing, unexpected)
 
     specs = _hf_specs(ckpt, groups, member, ms_fields)
-    hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k not in (MODEL_CLASS, TARGET_FIELD)})
+    hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k not in (MODEL_CLASS_FIELD, TARGET_FIELD)})
     hf_fields["dtype"] = config.compute_dtype
     count = params = 0
     with atomic_output_dir(out, overwrite=overwrite) as tmp:

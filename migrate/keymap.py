@@ -34,10 +34,10 @@ from typing import Any
 import yaml
 
 from migrate.errors import MigrateError
+from migrate.models.registry import MODEL_CLASS_FIELD
 
 KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS", Path(__file__).resolve().parent.parent / "keymaps"))
 TARGET_FIELD = "keymap_target"   # model.yaml field naming the keymap target a checkpoint was written for
-MODEL_CLASS = "model_class"      # model.yaml field naming the bundled model class
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ class Keymap:
 
     def for_model(self, ms_config: dict) -> "Keymap":
         """The variant and target a converted folder's model.yaml names."""
-        return self.for_model_class(ms_config.get(MODEL_CLASS)).with_target(ms_config.get(TARGET_FIELD))
+        return self.for_model_class(ms_config.get(MODEL_CLASS_FIELD)).with_target(ms_config.get(TARGET_FIELD))
 
     # ---------- config ----------
     def check_source(self, hf_config: dict) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
-from migrate.keymap import MODEL_CLASS, TARGET_FIELD, Keymap, resolve
+from migrate.keymap import TARGET_FIELD, Keymap, resolve
 from migrate.models.config import config_class
+from migrate.models.registry import MODEL_CLASS_FIELD
 
 
 @dataclass
@@ -64,31 +65,14 @@ def coverage(specs: dict, groups, tied, ignored: set[str], expected: dict, field
     return result
 
 
-class _BaseModelNames:
-    """An HF checkpoint saved from the base model alone (GPT-2's hub files: `h.0.attn...`,
-    no `transformer.`), read under the full model's names, as transformers loads it."""
-
-    def __init__(self, ckpt, prefix: str):
-        self.ckpt, self.prefix = ckpt, prefix
-        self.files = ckpt.files
-        self.specs = {prefix + name: spec for name, spec in ckpt.specs.items()}
-
-    def read_into(self, name: str, start: int, out) -> None:
-        self.ckpt.read_into(name[len(self.prefix):], start, out)
-
-    def source(self, name: str):
-        return self.ckpt.source(name[len(self.prefix):])
-
-    def close(self) -> None:
-        self.ckpt.close()
-
-
-def with_base_prefix(ckpt, km: Keymap):
-    """`ckpt`, or a view of it under the keymap's `base_prefix` when no name carries it."""
-    prefix = km.base_prefix
-    if prefix and ckpt.specs and not any(name.startswith(prefix) for name in ckpt.specs):
-        return _BaseModelNames(ckpt, prefix)
-    return ckpt
+def target_model_config(km: Keymap, ms_fields: dict, model: str | None = None):
+    """The config of the model `km` converts to (or of `model`, a `module:Class`), with
+    model.yaml's record of the class and of the keymap target the checkpoint is written for."""
+    model = model or km.target
+    fields = {**ms_fields, MODEL_CLASS_FIELD: model}
+    if km.target_name:
+        fields[TARGET_FIELD] = km.target_name  # the model loads the checkpoint back through it
+    return config_class(model).from_dict(fields)
 
 
 @dataclass
@@ -110,14 +94,11 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
     km.check_source(raw)
     km = km.for_source(raw).with_target(target)
     model = ms_model or km.target
-    fields = {**km.hf_to_ms_config(load_hf_config(hf_dir)), MODEL_CLASS: model}
-    if km.target_name:
-        fields[TARGET_FIELD] = km.target_name
-    config = config_class(model).from_dict(fields)
+    config = target_model_config(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model)
     fields = config.to_dict()
     expected = expected_shapes(config, model)
     groups, tied = km.groups(fields)
-    ckpt = with_base_prefix(open_hf_checkpoint(hf_dir), km)
+    ckpt = open_hf_checkpoint(hf_dir).add_prefix_if_absent(km.base_prefix)
     try:
         found = coverage(ckpt.specs, groups, tied, km.ignored(fields), expected, fields)
     finally:

@@ -57,6 +57,16 @@ class HFCheckpoint:
         self.files = files
         self.specs = specs
         self._loaders = loaders  # file -> object with read_into(name, start, out)
+        self._stored: dict[str, str] = {}  # name shown -> name in the file, where they differ
+
+    def add_prefix_if_absent(self, prefix: str | None) -> "HFCheckpoint":
+        """Show a checkpoint saved from the base model alone (GPT-2's hub files: `h.0.attn...`,
+        no `transformer.`) under the full model's names, as transformers loads it; unchanged
+        without a prefix or when any name already carries it."""
+        if prefix and self.specs and not any(name.startswith(prefix) for name in self.specs):
+            self._stored = {prefix + name: name for name in self.specs}
+            self.specs = {prefix + name: spec for name, spec in self.specs.items()}
+        return self
 
     @property
     def layout(self) -> str:
@@ -78,7 +88,7 @@ class HFCheckpoint:
         """Copy bytes [start, start + len(out)) of tensor `name` (C order) into `out`."""
         spec = self.specs[name]
         try:
-            self._loaders[spec.file].read_into(name, start, out)
+            self._loaders[spec.file].read_into(self._stored.get(name, name), start, out)
         except MigrateError:
             raise
         except Exception as exc:
@@ -88,7 +98,7 @@ class HFCheckpoint:
         """(file descriptor, offset) where tensor `name`'s raw bytes lie contiguously
         in a file, for a kernel file-to-file copy; None when they do not (.bin)."""
         spec = self.specs[name]
-        return self._loaders[spec.file].source(name)
+        return self._loaders[spec.file].source(self._stored.get(name, name))
 
     def close(self) -> None:
         for loader in self._loaders.values():

@@ -49,7 +49,7 @@ def llama_shapes(c) -> Shapes:
 
 
 def gpt2_shapes(c) -> Shapes:
-    h, i = c.hidden_size, c.intermediate_size or 4 * c.hidden_size
+    h, i = c.hidden_size, c.inner_size
     out: Shapes = {
         "backbone.embedding.word_embedding.embedding_table": (c.vocab_size, h),
         "backbone.embedding.position_embedding.embedding_table": (c.seq_length, h),

@@ -183,7 +183,7 @@ class Checkpoint:
         return int(self.state["step"])
 
     def parameters(self) -> dict:
-        return _load(self.path / MODEL_FILE)
+        return load_ckpt_file(self.path / MODEL_FILE)
 
     @property
     def parallel_layout(self) -> dict | None:
@@ -200,7 +200,7 @@ class Checkpoint:
         if is_sharded(layout):
             moments = merged_optimizer_state(self.path, layout)
         else:
-            moments = {name: p.asnumpy() for name, p in _load(self.path / OPTIMIZER_FILE).items()}
+            moments = {name: p.asnumpy() for name, p in load_ckpt_file(self.path / OPTIMIZER_FILE).items()}
         moments["step"] = np.asarray(self.state["optimizer_step"], np.int64)
         return moments
 
@@ -241,10 +241,6 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 def load_ckpt_file(path: Path) -> dict:
     """name -> Parameter of a MindSpore .ckpt file; a damaged file is one MigrateError line."""
-    return _load(Path(path))
-
-
-def _load(path: Path) -> dict:
     try:
         return ms.load_checkpoint(str(path))
     except Exception as exc:  # MindSpore raises ValueError/RuntimeError for damaged files

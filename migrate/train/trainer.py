@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -404,8 +405,8 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
     eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
     batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
     run_start = time.perf_counter() - elapsed0
-    metrics_sink = open(metrics_path, "a") if writer else contextlib.nullcontext(_NoFile())
-    with metrics_sink as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar:
+    sink = metrics_path if writer else os.devnull  # rank 0 alone writes the metrics
+    with open(sink, "a") as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar:
         last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
         for step in range(start, last):
             step_start = time.perf_counter()
@@ -490,16 +491,6 @@ def _save(out: Path, step: int, training: MSTraining, state: dict, metrics_lines
                         optimizer=training.optimizer, state=state, metrics_text="".join(metrics_lines),
                         sidecar_src=cfg.ms_model, keep=cfg.keep_checkpoints, parallel_layout=layout_file,
                         shard_staging=staging, param_names=checkpoint_names(training))
-
-
-class _NoFile:
-    """The metrics sink of ranks that do not write."""
-
-    def write(self, text: str) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
 
 def _check_vocab(cfg: RunConfig) -> None:
