@@ -39,7 +39,7 @@ from migrate.keymap import resolve
 from migrate.keymap_check import coverage, target_model_config
 from migrate.models.config import ConfigIO
 from migrate.models.shapes import expected_shapes
-from migrate.sidecar import copy_sidecars
+from migrate.sidecar import copy_sidecars, sidecars
 
 FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-file names
 
@@ -113,7 +113,7 @@ def convert(
 
 def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc, hash_sources,
              started):
-    out_dtype = _choose_dtype(ckpt, dtype)
+    out_dtype = _choose_dtype(ckpt, dtype, km.ignored(ms_fields))
     ms_fields["compute_dtype"] = COMPUTE_DTYPE[out_dtype]
     config = target_model_config(km, ms_fields)
     fields = config.to_dict()
@@ -185,7 +185,7 @@ def _group_jobs(ckpt, group, out_dtype, kernel_copy: bool, fields: dict, written
     a fused row's outputs come from `_FusedGroup`, one group in memory at a time."""
     spec = ckpt.specs[group.src[0]]
     src_dtype = spec.numpy_dtype
-    dtype = out_dtype if is_float(src_dtype) else src_dtype  # integer tensors keep their dtype
+    dtype = out_dtype  # every source is floating point (`_refuse_non_float`)
     cast = cast_into if dtype != src_dtype else None
     if group.layout is None:
         name = group.src[0]
@@ -292,12 +292,15 @@ def _writer_factory(fmt, jobs, crc):
     return open_writer
 
 
-def _choose_dtype(ckpt, dtype: str) -> np.dtype:
+def _choose_dtype(ckpt, dtype: str, ignored: set[str] = frozenset()) -> np.dtype:
+    """The output dtype: `dtype`, or with "keep" the one float dtype of the tensors
+    to be written. Ignored buffers do not count: old fp16 Llama files keep RoPE's
+    `inv_freq` in fp32 beside fp16 weights."""
     if dtype != "keep":
         return CLI_DTYPES[dtype]
     floats = Counter(
-        SAFETENSORS_TO_NUMPY[s.dtype] for s in ckpt.specs.values()
-        if SAFETENSORS_TO_NUMPY.get(s.dtype) in COMPUTE_DTYPE
+        SAFETENSORS_TO_NUMPY[s.dtype] for name, s in ckpt.specs.items()
+        if SAFETENSORS_TO_NUMPY.get(s.dtype) in COMPUTE_DTYPE and name not in ignored
     )  # (dtypes outside the table fail later, naming the tensor)
     if not floats:
         raise MigrateError("checkpoint holds no fp32/fp16/bf16 tensors")
@@ -319,6 +322,23 @@ def _check_coverage(ckpt, groups, tied, ignored, expected, fields: dict) -> None
         unexpected = found.unmapped_source + [f"{d} (keymap target the model lacks)" for d in found.unknown_target]
         unexpected += [f"{d} (filled by several keymap entries)" for d in found.twice_filled]
         raise CoverageError(missing, unexpected, found.misshaped)
+    _refuse_non_float(ckpt, groups)
+
+
+def _refuse_non_float(ckpt, groups) -> None:
+    """Every tensor a keymap row writes becomes a model parameter, and the bundled
+    models' parameters are floating point: an int8 / bool / integer weight (a quantized
+    checkpoint, a buffer no `ignore` entry names) would be written and then refused by
+    MindSpore when the checkpoint loads. Refuse it here, naming it; a buffer that
+    is not a parameter belongs in the keymap's `ignore` section."""
+    for name in (s for g in groups for s in g.src):
+        dtype = SAFETENSORS_TO_NUMPY.get(ckpt.specs[name].dtype)
+        if dtype is not None and not is_float(dtype):
+            raise MigrateError(
+                f"tensor {name} is {short_name(dtype)}, not floating point: the model's parameters are "
+                "fp32/fp16/bf16 and MindSpore would refuse it (dequantize the checkpoint first; a buffer that "
+                "is not a parameter belongs in the keymap's ignore section)"
+            )
 
 
 def _check_tied(ckpt, tied) -> list[dict]:
@@ -351,7 +371,9 @@ def _same_bytes(ckpt, a: str, b: str, chunk: int = stream.CHUNK_BYTES) -> bool:
 
 
 def _source_files(src: Path, ckpt) -> list[Path]:
-    extra = [src / n for n in ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")]
+    """config.json and the weights files read: the index used, not one beside it that
+    transformers' precedence passes over (`hf_reader.weights_file`)."""
+    extra = [src / "config.json"] + ([ckpt.index] if ckpt.index is not None else [])
     return [p for p in extra if p.is_file()] + list(ckpt.files)
 
 

@@ -13,7 +13,9 @@ from migrate.errors import MigrateError
 def inspect_checkpoint(path: str | Path) -> list[tuple[str, str, tuple[int, ...]]]:
     """(name, dtype, shape) for every tensor of a MindSpore checkpoint or an HF folder."""
     path = Path(path)
-    if path.is_dir() and not is_ms_checkpoint_dir(path):
+    # An HF folder (config.json, no model.yaml) is read as HF reads it, hub-cache links included.
+    hf_folder = (path / "config.json").is_file() and not (path / "model.yaml").is_file()
+    if path.is_dir() and (hf_folder or not is_ms_checkpoint_dir(path)):
         from migrate.checkpoints.hf_reader import open_hf_checkpoint
 
         ckpt = open_hf_checkpoint(path)

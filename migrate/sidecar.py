@@ -1,8 +1,16 @@
-"""Files that travel beside the weights unchanged (tokenizer, generation config)."""
+"""Files that travel beside the weights unchanged (tokenizer, generation config).
+
+They are copied byte for byte into an output the user may share, so a sidecar that
+is a link to a file outside the model folder (`tokenizer.json -> ~/.ssh/id_rsa`) is
+refused, not copied and not skipped: the rule of index entries (`ModelFolder`),
+links inside a hub cache repository allowed.
+"""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+from migrate.checkpoints.model_folder import ModelFolder
 
 SIDECAR_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -10,10 +18,15 @@ SIDECAR_FILES = (
 )
 
 
+def sidecars(src: Path) -> list[Path]:
+    """The sidecar files of `src`, each checked to lie inside it (MigrateError otherwise)."""
+    folder = ModelFolder(src)
+    return [folder.file(name, name) for name in SIDECAR_FILES if (Path(src) / name).is_file()]
+
+
 def copy_sidecars(src: Path, dst: Path) -> list[str]:
     copied = []
-    for name in SIDECAR_FILES:
-        if (Path(src) / name).is_file():
-            shutil.copy2(Path(src) / name, Path(dst) / name)
-            copied.append(name)
+    for path in sidecars(src):  # all checked before the first is copied
+        shutil.copy2(path, Path(dst) / path.name)
+        copied.append(path.name)
     return copied

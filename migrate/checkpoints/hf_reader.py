@@ -1,10 +1,12 @@
 """Lazy readers for Hugging Face checkpoints.
 
 Layouts: `model.safetensors`, sharded safetensors with `model.safetensors.index.json`,
-`pytorch_model.bin`, sharded `.bin` with `pytorch_model.bin.index.json`. Only
-headers are read when the checkpoint is opened; `read(name)` materialises one
-tensor and `read_into(name, start, buffer)` copies any byte range of one, so a
-caller can stream a tensor through a small buffer.
+`pytorch_model.bin`, sharded `.bin` with `pytorch_model.bin.index.json`; where a
+folder holds several, the one `from_pretrained` loads (`weights_file`). Files may
+be links inside the folder or inside the hub cache repository holding it
+(`model_folder`), nowhere else. Only headers are read when the checkpoint is
+opened; `read(name)` materialises one tensor and `read_into(name, start, buffer)`
+copies any byte range of one, so a caller can stream a tensor through a small buffer.
 
 Memory: safetensors files are read with explicit reads (no memory map, see
 `safetensors_file`). `.bin` files load with `weights_only=True` and `mmap=True`;
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_to_numpy
+from migrate.checkpoints.model_folder import ModelFolder
 from migrate.errors import MigrateError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -52,9 +55,11 @@ class TensorSpec:
 class HFCheckpoint:
     """One HF checkpoint folder: tensor specs up front, data on demand."""
 
-    def __init__(self, root: Path, files: list[Path], specs: dict[str, TensorSpec], loaders: dict):
+    def __init__(self, root: Path, files: list[Path], specs: dict[str, TensorSpec], loaders: dict,
+                 index: Path | None = None):
         self.root = root
-        self.files = files
+        self.files = files        # the weights files read, as the folder names them (not resolved)
+        self.index = index        # the index that placed them, if any
         self.specs = specs
         self._loaders = loaders  # file -> object with read_into(name, start, out)
         self._stored: dict[str, str] = {}  # name shown -> name in the file, where they differ
@@ -113,25 +118,58 @@ class HFCheckpoint:
 
 
 def open_hf_checkpoint(folder: str | Path) -> HFCheckpoint:
+    """The weights of an HF folder, picked exactly as `from_pretrained` picks them
+    (`weights_file`); every file must lie inside the folder (`ModelFolder`)."""
     root = Path(folder)
     if not root.is_dir():
         raise MigrateError(f"model folder not found: {root}")
-    for index_name, single_name, opener in (
-        (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, _SafetensorsFile),
-        (BIN_INDEX, BIN_SINGLE, _BinFile),
-    ):
-        if (root / index_name).is_file():
-            weight_map = _read_index(root, index_name)
-            return _assemble(root, weight_map, opener)
-        if (root / single_name).is_file():
-            return _assemble(root, None, opener, single=root / single_name)
+    model = ModelFolder(root)
+    name, named_by = weights_file(root)
+    path = model.file(name, named_by)
+    if not path.is_file():
+        raise MigrateError(f"{named_by} names {name}, which is not in {root}")
+    opener = _SafetensorsFile if name.endswith((".safetensors", ".safetensors.index.json")) else _BinFile
+    if name.endswith(".index.json"):
+        return _assemble(root, _read_index(model, path), opener, index=path)
+    return _assemble(root, None, opener, single=path)
+
+
+def weights_file(root: Path) -> tuple[str, str]:
+    """(file, what names it): the file `transformers`' `from_pretrained(root)` loads
+    (modeling_utils `_get_resolved_checkpoint_files`, local folder): config.json's
+    `transformers_weights` when set, else the first present of model.safetensors,
+    model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json.
+    A single file wins over an index beside it, as there: following that order,
+    rather than refusing a folder holding both, keeps `convert` and `migrate diff`
+    on the weights HF itself runs."""
+    explicit = _explicit_weights(root)
+    if explicit is not None:
+        if not explicit.endswith((".safetensors", ".safetensors.index.json")):
+            shown = repr(explicit if len(explicit) <= 200 else explicit[:200] + "...")
+            raise MigrateError(f"config.json's transformers_weights names {shown}: a model's weights are read "
+                               "from a .safetensors file or a .safetensors.index.json")
+        return explicit, "config.json's transformers_weights"
+    for name in (SAFETENSORS_SINGLE, SAFETENSORS_INDEX, BIN_SINGLE, BIN_INDEX):
+        if (root / name).is_file():
+            return name, name
     raise MigrateError(
         f"no weights in {root}: expected {SAFETENSORS_SINGLE}, {SAFETENSORS_INDEX}, {BIN_SINGLE} or {BIN_INDEX}"
     )
 
 
-def _read_index(root: Path, index_name: str) -> dict[str, Path]:
-    index_path = root / index_name
+def _explicit_weights(root: Path) -> str | None:
+    """config.json's `transformers_weights`. A config.json that cannot be read is
+    the config reader's to refuse; here it names no file."""
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("transformers_weights") if isinstance(config, dict) else None
+    return None if value is None else str(value)
+
+
+def _read_index(model: ModelFolder, index_path: Path) -> dict[str, Path]:
+    index_name = index_path.name
     try:
         index = json.loads(index_path.read_text())
         weight_map = index["weight_map"]
@@ -139,36 +177,43 @@ def _read_index(root: Path, index_name: str) -> dict[str, Path]:
             raise TypeError("weight_map is not a mapping")
     except (ValueError, KeyError, TypeError) as exc:
         raise MigrateError(f"corrupt index {index_path}: {_first_line(exc)}") from None
-    resolved_root = root.resolve()
-    out = {}
-    for name, shard in weight_map.items():
-        shard_path = (root / str(shard)).resolve()
-        # An index is untrusted input: a shard name must stay inside the model folder.
-        if Path(str(shard)).is_absolute() or resolved_root not in shard_path.parents:
-            raise MigrateError(f"index {index_name} names a file outside the model folder: {shard}")
-        if not shard_path.is_file():
+    except OSError as exc:
+        raise MigrateError(f"cannot read {index_path}: {exc.strerror}") from None
+    if not weight_map:
+        raise MigrateError(f"index {index_name} names no tensors")
+    shards: dict[str, Path] = {}
+    for shard in dict.fromkeys(map(str, weight_map.values())):  # each file once, not once per tensor
+        # An index is untrusted input: shard names (relative to the model folder, as
+        # transformers reads them) must stay inside it.
+        shards[shard] = model.file(shard, f"index {index_name}")
+        if not shards[shard].is_file():
             raise MigrateError(f"missing shard {shard} (named by {index_name})")
-        out[name] = shard_path
-    return out
+    return {name: shards[str(shard)] for name, shard in weight_map.items()}
 
 
-def _assemble(root: Path, weight_map: dict[str, Path] | None, opener, single: Path | None = None) -> HFCheckpoint:
-    files = sorted(set(weight_map.values())) if weight_map else [single]
+def _assemble(root: Path, weight_map: dict[str, Path] | None, opener, single: Path | None = None,
+              index: Path | None = None) -> HFCheckpoint:
+    files = sorted(set(weight_map.values())) if weight_map is not None else [single]
     loaders, specs = {}, {}
-    for file in files:
-        loader = opener(file)
-        loaders[file] = loader
-        for name, dtype, shape in loader.specs():
-            if weight_map is not None and weight_map.get(name) != file:
-                raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
-            if name in specs:
-                raise MigrateError(f"tensor {name} appears in both {specs[name].file.name} and {file.name}")
-            specs[name] = TensorSpec(name, dtype, tuple(shape), file)
-    if weight_map is not None:
-        absent = [n for n in weight_map if n not in specs]
-        if absent:
-            raise MigrateError(f"index names tensors absent from their shards: {', '.join(absent)}")
-    return HFCheckpoint(root, files, specs, loaders)
+    try:
+        for file in files:
+            loader = opener(file)
+            loaders[file] = loader
+            for name, dtype, shape in loader.specs():
+                if weight_map is not None and weight_map.get(name) != file:
+                    raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
+                if name in specs:
+                    raise MigrateError(f"tensor {name} appears in both {specs[name].file.name} and {file.name}")
+                specs[name] = TensorSpec(name, dtype, tuple(shape), file)
+        if weight_map is not None:
+            absent = [n for n in weight_map if n not in specs]
+            if absent:
+                raise MigrateError(f"index names tensors absent from their shards: {', '.join(absent)}")
+    except BaseException:
+        for loader in loaders.values():  # no file left open behind a refusal
+            loader.close()
+        raise
+    return HFCheckpoint(root, files, specs, loaders, index)
 
 
 class _SafetensorsFile:

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY
 from migrate.errors import MigrateError
 
-MAX_HEADER = 100 * 1024 * 1024  # the limit safetensors itself enforces
+MAX_HEADER = 100_000_000  # the limit safetensors itself enforces (MAX_HEADER_SIZE)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,14 @@ class SafetensorsFile:
         return MigrateError(f"corrupt safetensors file {self.path.name}: {what}")
 
     def _parse(self):
+        """The header, checked as the reference reader (safetensors' Rust
+        `SafeTensors::read_metadata` + `Metadata::validate`) checks it, so no file
+        is read here that `safetensors` itself refuses: UTF-8 JSON (no NaN, no lone
+        surrogate), known dtypes, sizes that fit shapes, and tensors covering the data
+        buffer exactly, each starting where the previous one ends (no hole, no overlap,
+        no trailing bytes). Stricter in one point, as the format's README asks: a
+        tensor listed twice is refused even over the same bytes, where the library
+        keeps the last entry (two readers could then see two different tensors)."""
         size = os.fstat(self._fd).st_size
         head = os.pread(self._fd, 8, 0)
         if len(head) < 8:
@@ -71,37 +80,54 @@ class SafetensorsFile:
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER or 8 + n > size:
             raise self._corrupt(f"header length {n} does not fit the file ({size} bytes)")
+        raw = os.pread(self._fd, n, 8)
         try:
-            header = json.loads(os.pread(self._fd, n, 8))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise self._corrupt(f"header is not JSON ({exc})") from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._corrupt(f"header is not UTF-8 (byte {exc.start})") from None
+        try:
+            header = json.loads(text, object_pairs_hook=_Object, parse_constant=_no_constant)
+            json.dumps(header, ensure_ascii=False).encode("utf-8")  # a lone surrogate escape (\ud800) fails here
+        except (ValueError, UnicodeError, RecursionError) as exc:
+            raise self._corrupt(f"header is not JSON ({_short(exc)})") from None
         if not isinstance(header, dict):
             raise self._corrupt("header is not a JSON object")
-        metadata = header.pop("__metadata__", None) or {}
+        if header.duplicates:
+            raise self._corrupt(f"header lists {_name(min(header.duplicates))} twice")
+        metadata = header.pop("__metadata__", None)
+        if metadata is None:
+            metadata = {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise self._corrupt("__metadata__ must map strings to strings")
+        metadata = dict(metadata)
         base, data_size = 8 + n, size - 8 - n
         entries, spans = {}, []
         for name, info in header.items():
-            try:
-                dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-                if not (isinstance(dtype, str) and isinstance(shape, list)
-                        and all(isinstance(d, int) and d >= 0 for d in shape)
-                        and isinstance(begin, int) and isinstance(end, int)):
-                    raise TypeError
-            except (TypeError, KeyError, ValueError):
-                raise self._corrupt(f"bad header entry for {name}") from None
-            if not 0 <= begin <= end <= data_size:
-                raise self._corrupt(f"tensor {name} lies past the end of the file")
-            itemsize = _ITEMSIZE.get(dtype)
-            if itemsize is not None and (end - begin) * 8 != math.prod(shape) * itemsize:
-                raise self._corrupt(f"tensor {name}: {end - begin} bytes do not fit shape {shape} of {dtype}")
+            fields = _entry_fields(info)
+            if fields is None:
+                raise self._corrupt(f"bad header entry for {_name(name)}")
+            dtype, shape, begin, end = fields
+            if dtype not in _ITEMSIZE:
+                raise self._corrupt(f"tensor {_name(name)}: unknown dtype {_short(dtype)}")
+            if end < begin:
+                raise self._corrupt(f"tensor {_name(name)}: data_offsets [{begin}, {end}] end before they begin")
+            if end > data_size:
+                raise self._corrupt(f"tensor {_name(name)} lies past the end of the file")
+            if (end - begin) * 8 != math.prod(shape) * _ITEMSIZE[dtype]:
+                raise self._corrupt(f"tensor {_name(name)}: {end - begin} bytes do not fit shape "
+                                    f"{_short(shape)} of {dtype}")
             entries[name] = Entry(name, dtype, tuple(shape), base + begin, end - begin)
             spans.append((begin, end, name))
         spans.sort()
-        for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
-            if begin < end:
-                raise self._corrupt(f"tensors {a} and {b} overlap")
+        covered = 0
+        for begin, end, name in spans:
+            if begin != covered:
+                what = ("overlaps the tensor before it" if begin < covered
+                        else f"starts at byte {begin}, leaving {begin - covered} unused bytes before it")
+                raise self._corrupt(f"tensor {_name(name)} {what} in the data buffer")
+            covered = end
+        if covered != data_size:
+            raise self._corrupt(f"the tensors cover {covered} of the {data_size} bytes after the header")
         # File order: reading in this order is sequential.
         ordered = {name: entries[name] for _, _, name in spans}
         return ordered, metadata
@@ -150,10 +176,54 @@ class SafetensorsFile:
             pass
 
 
-# Item sizes in bits, for every dtype safetensors defines (sub-byte ones included),
-# so sizes are checked even for dtypes this tool cannot convert.
+# Item sizes in bits, for every dtype safetensors 0.8 defines (sub-byte ones included),
+# so sizes are checked even for dtypes this tool cannot convert; any other is refused.
 _ITEMSIZE = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
-    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "C64": 64,
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "C64": 64,
 }
+
+
+class _Object(dict):
+    """A JSON object that remembers its duplicated keys (a dict keeps only the last),
+    so the header can refuse them where the reference does: tensor names and
+    `__metadata__` twice (and the format forbids it), a tensor's dtype, shape or
+    data_offsets twice; not inside `__metadata__` or unknown fields, which the
+    reference accepts (last wins)."""
+
+    def __init__(self, pairs):
+        super().__init__(pairs)
+        self.duplicates = set() if len(self) == len(pairs) else {k for k, n in Counter(k for k, _ in pairs).items()
+                                                                   if n > 1}
+
+
+def _entry_fields(info) -> tuple | None:
+    """(dtype, shape, begin, end) of one tensor's header entry; None when malformed."""
+    if not isinstance(info, _Object) or info.duplicates & {"dtype", "shape", "data_offsets"}:
+        return None
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not (isinstance(dtype, str) and isinstance(shape, list) and all(_is_count(d) for d in shape)
+            and isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        return None
+    return dtype, shape, offsets[0], offsets[1]
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0  # not bool, not float: serde's usize
+
+
+def _name(name: str) -> str:
+    """A tensor name for a message: as is when short and printable, else quoted and cut."""
+    return name if len(name) <= 200 and name.isprintable() else _short(name)
+
+
+def _short(value, limit: int = 80) -> str:
+    """A value from the file, quoted and cut, fit for a one-line message."""
+    text = repr(value) if not isinstance(value, BaseException) else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
