@@ -1,6 +1,7 @@
 """Command line: argument parsing only; each subcommand calls one library function.
 
-User mistakes (MigrateError) print one line on stderr and exit 2, with no traceback.
+User mistakes (MigrateError) and OSErrors on the user's paths print one line on stderr and exit 2,
+with no traceback; SIGINT and SIGTERM exit 130 and 143 after the same cleanup.
 """
 from __future__ import annotations
 
@@ -167,15 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from migrate.signals import Interrupted, handled
+
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
+            return args.func(args)
     except MigrateError as exc:
         print(f"migrate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Interrupted as exc:
+        print(f"migrate: {exc.word}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("migrate: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a path of the user's that cannot be read or written: a user error too
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"migrate: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return MigrateError.exit_code
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from migrate.checkpoints import stream
 from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, SAFETENSORS_TO_NUMPY, cast_into, is_float, short_name
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
+from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.sharding import (
     DEFAULT_MAX_SHARD, PROTOBUF_LIMIT, ShardedWriter, human, index_name, parse_size, plan_shards,
 )
@@ -93,11 +94,11 @@ def convert(
         raise MigrateError(f"unknown dtype {dtype!r}; choose from keep, {', '.join(CLI_DTYPES)}")
     if not src.is_dir():
         raise MigrateError(f"model folder not found: {src}")
-    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
-        raise MigrateError("output folder must not be the model folder or inside it")
-    if out.exists() and not overwrite:  # fail before any heavy work
-        raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
+    # Fail before any heavy work; checked again, with every file read, when the output is created.
+    keymap_file = keymap if str(keymap).endswith((".yaml", ".yml")) else None
+    check_output(out, overwrite=overwrite, source=src, inputs=(keymap_file,))
 
+    sidecars(src)  # a tokenizer file linking outside the folder is refused before any work
     raw_config = read_raw_config(src)
     km = resolve(keymap, raw_config)  # a family name, "auto", or a keymap file checked against the registry
     km.check_source(raw_config)
@@ -130,7 +131,8 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
     shards = _plan(jobs, fmt, max_bytes, crc)
 
     result = ConversionResult(out, out / FORMATS[fmt], config)
-    with atomic_output_dir(out, overwrite=overwrite) as tmp:
+    inputs = (km.path, *_source_files(src, ckpt))
+    with atomic_output_dir(out, overwrite=overwrite, command="convert", source=src, inputs=inputs) as tmp:
         tied_records = _check_tied(ckpt, tied)  # before the long part: fail fast
         hasher = _SourceHasher(_source_files(src, ckpt), enabled=hash_sources)  # beside the conversion
         record_of = {written_name(d): _record(g, d) for g in ordered for d in g.dst}

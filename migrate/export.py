@@ -16,6 +16,7 @@ from migrate import __version__
 from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
+from migrate.checkpoints.output_guard import check_output
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
 from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
@@ -40,8 +41,9 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     ms_dir, out = Path(ms_dir), Path(out_dir)
     if not ms_dir.is_dir():
         raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
-    if out.exists() and not overwrite:
-        raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
+    # Fail before any heavy work; checked again, with every file read, when the output is created.
+    keymap_file = keymap if str(keymap).endswith((".yaml", ".yml")) else None
+    check_output(out, overwrite=overwrite, source=ms_dir, inputs=(keymap_file,))
     config = load_model_config(ms_dir)
     ms_fields = config.to_dict()
     km = resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields)

@@ -176,7 +176,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) 
     out = Path(out)
     if out.resolve() == checkpoint.path:
         raise MigrateError(f"merge output {out} is the checkpoint itself; pick another folder")
-    with atomic_output_dir(out, overwrite=overwrite) as tmp:
+    with atomic_output_dir(out, overwrite=overwrite, command="ckpt merge", source=checkpoint.path) as tmp:
         for item in checkpoint.path.iterdir():
             if item.name == LAYOUT_FILE or item.name.startswith(SHARD_PREFIX) or item.name.startswith("."):
                 continue

@@ -1,0 +1,152 @@
+"""What an output name may be, and what `--overwrite` may replace.
+
+`--overwrite` replaces only a folder migrate wrote (its `.migrate` marker, or what
+older versions left: a conversion.json whose `tool` is migrate, a training
+checkpoint's trainer_state.json, a token folder's data.json) or an empty folder;
+never a folder that is, holds or lies inside an input of the command (compared as
+resolved real paths, so links and `..` cannot hide one), nor the current folder.
+Every refusal is one MigrateError line, raised before anything is touched.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from migrate import __version__
+from migrate.errors import MigrateError
+
+MARKER = ".migrate"
+# (file, field, accepted prefix) left in folders written before the marker existed
+_LEGACY = (("conversion.json", "tool", "migrate"),
+           ("trainer_state.json", "format", "migrate-train-checkpoint"),
+           ("data.json", "format", "migrate-tokens"))
+_MARKER_LIMIT = 1 << 24  # never read a huge file just to recognise a folder
+
+
+def write_marker(folder: Path, command: str) -> None:
+    (Path(folder) / MARKER).write_text(json.dumps({"tool": f"migrate {__version__}", "command": command}) + "\n")
+
+
+def written_by_migrate(folder: Path) -> bool:
+    checks = ((MARKER, "tool", "migrate"), *_LEGACY)
+    return any(_field_starts(Path(folder) / name, key, prefix) for name, key, prefix in checks)
+
+
+def _field_starts(path: Path, key: str, prefix: str) -> bool:
+    try:
+        if not path.is_file() or path.stat().st_size > _MARKER_LIMIT:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get(key), str) and data[key].startswith(prefix)
+
+
+def check_output(out: str | Path, *, overwrite: bool, source: str | Path | None = None,
+                 inputs: Iterable[str | Path | None] = ()) -> None:
+    """Refuse, with one line, an output the command must not write or replace.
+
+    source: the folder the command reads as a whole (the model folder): the output may
+    not be it, hold it, or lie inside it. inputs: any other path the command reads
+    (files, a tokenizer folder): the output may not be one or hold one."""
+    out = Path(out)
+    where = output_path(out)
+    _check_name(out, where)
+    if os.path.islink(where):
+        target = os.readlink(where)
+        state = "" if os.path.exists(where) else ", which does not exist"
+        raise MigrateError(f"output {out} is a symbolic link (to {target}{state}); name a folder, not a link")
+    _check_ancestors(out, where)
+    real = Path(os.path.realpath(where))
+    for given, whole in ((source, True), *((path, False) for path in inputs)):
+        if given is not None and os.path.lexists(given):  # what does not exist cannot be lost
+            _check_against_input(out, real, Path(given), whole)
+    exists = os.path.lexists(where)
+    if exists and not where.is_dir():
+        raise MigrateError(f"output {out} exists and is not a folder; --overwrite replaces only folders "
+                           "migrate wrote")
+    if exists and not (written_by_migrate(where) or _is_empty(where)):
+        raise MigrateError(f"output {out} already exists and was not written by migrate (no {MARKER} marker); "
+                           "--overwrite replaces only migrate's own outputs: choose another folder")
+    if exists and not overwrite:
+        raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
+    if exists and Path(os.getcwd()).is_relative_to(real):
+        raise MigrateError(f"output {out} holds the current folder; run from outside it to replace it")
+    _check_writable(out, where.parent if exists else _nearest_existing(where))
+
+
+def output_path(out: str | Path) -> Path:
+    """The absolute path the output will have: its parent resolved as the kernel resolves it
+    (links, "..") and its own name kept, so that a link in its place is seen, not followed."""
+    out = Path(out)
+    if out.name in ("", ".", ".."):  # "." or "x/..": the folder's own name is needed to rename it
+        return Path(os.path.realpath(out))
+    return Path(os.path.realpath(out.parent)) / out.name
+
+
+def _check_name(out: Path, where: Path) -> None:
+    if where == where.parent:
+        raise MigrateError(f"output {out} is the root folder")
+    size = len(os.fsencode(where.name))
+    try:
+        limit = os.pathconf(_nearest_existing(where), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if size > limit:
+        raise MigrateError(f"output name {where.name[:40]}... is {size} bytes long; this file system allows "
+                           f"at most {limit}")
+
+
+def _check_ancestors(out: Path, where: Path) -> None:
+    for folder in where.parents:
+        if not os.path.lexists(folder):
+            continue
+        if os.path.isdir(folder):
+            return
+        what = ("a symbolic link that points nowhere" if os.path.islink(folder) and not os.path.exists(folder)
+                else "a file, not a folder")
+        raise MigrateError(f"cannot create output {out}: {_shown(out, folder)} is {what}")
+
+
+def _check_against_input(out: Path, real: Path, given: Path, whole: bool) -> None:
+    other = Path(os.path.realpath(given))
+    if other == real:
+        raise MigrateError(f"output {out} is the input {given}; choose another output folder")
+    if other.is_relative_to(real):
+        raise MigrateError(f"output {out} contains the input {given}; choose another output folder "
+                           "(--overwrite never replaces what the command reads)")
+    if whole and real.is_relative_to(other):
+        raise MigrateError(f"output {out} is inside the input {given}; choose a folder outside it")
+
+
+def _check_writable(out: Path, folder: Path) -> None:
+    if os.access(folder, os.W_OK | os.X_OK):
+        return
+    try:
+        readonly = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly = False
+    why = "read-only file system" if readonly else "permission denied"
+    raise MigrateError(f"cannot create output {out}: {_shown(out, folder)} is not writable ({why})")
+
+
+def _shown(out: Path, folder: Path) -> str:
+    """`folder` as the user wrote the output: relative when they gave a relative name."""
+    return str(folder) if out.is_absolute() else os.path.relpath(folder)
+
+
+def _nearest_existing(where: Path) -> Path:
+    for folder in (where, *where.parents):
+        if os.path.isdir(folder):
+            return folder
+    return Path(where.anchor or "/")
+
+
+def _is_empty(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
