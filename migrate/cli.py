@@ -10,6 +10,7 @@ import sys
 
 from migrate import __version__
 from migrate.errors import MigrateError
+from migrate.models.registry import TrustModelClassAction
 
 
 def _cmd_convert(args) -> int:
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", metavar="SIZE",
                    help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
                         "default 1.9GB for ckpt, one file for safetensors")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("export", help="MindSpore checkpoint folder -> HF folder (inverse keymap)")
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", help="family whose keymap converted the model (default: what conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("diff", help="run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
@@ -155,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kl", type=float, help="override the KL bound (logits)")
     p.add_argument("--threshold", action="append", metavar="KIND.NAME=VALUE",
                    help="fine-grained override, e.g. grad.cosine=0.9999 (repeatable)")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
     p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser("inspect", help="list the tensors of a checkpoint without loading them")

@@ -6,12 +6,15 @@ main parser by `migrate.cli`.
 from __future__ import annotations
 
 from migrate.errors import MigrateError
+from migrate.models.registry import TrustModelClassAction
 
 
 def _cmd_data_tokenize(args) -> int:
+    from migrate.checkpoints.output_guard import check_output
     from migrate.data.tokenize import tokenize_corpus
     from migrate.ui import console
 
+    check_output(args.out, overwrite=args.overwrite, inputs=(*args.files, args.tokenizer))  # --overwrite's rule
     meta = tokenize_corpus(args.files, args.tokenizer, args.seq_length, args.out, add_bos=args.add_bos,
                            overwrite=args.overwrite)
     console().print(
@@ -176,6 +179,7 @@ def register(sub) -> None:
     g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
     g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
     g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
     p.set_defaults(func=_cmd_train)
 
     ck = sub.add_parser("ckpt", help="work with training checkpoints")
@@ -208,6 +212,7 @@ def register(sub) -> None:
     p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
     p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
     p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
     p.set_defaults(func=_cmd_keymap_check)
 
     p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")

@@ -60,12 +60,14 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     unexpected = [name for name in ckpt.specs if name not in member]
     if missing or unexpected:
         raise CoverageError(missing, unexpected)
+    _check_shapes(ckpt, config, renamed, config.extra.get(MODEL_CLASS_FIELD) or km.target)
 
     specs = _hf_specs(ckpt, groups, member, ms_fields)
     hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k not in (MODEL_CLASS_FIELD, TARGET_FIELD)})
     hf_fields["dtype"] = config.compute_dtype
     count = params = 0
-    with atomic_output_dir(out, overwrite=overwrite) as tmp:
+    inputs = (km.path, *ckpt.files)
+    with atomic_output_dir(out, overwrite=overwrite, command="export", source=ms_dir, inputs=inputs) as tmp:
         metadata = {"format": "pt", "producer": f"migrate {__version__}"}
         with SafetensorsWriter(tmp / HF_WEIGHTS, specs, metadata=metadata) as writer:
             pending: dict[int, dict[int, np.ndarray]] = {}  # parts of fused groups read so far
@@ -85,6 +87,23 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
         write_hf_config(tmp, hf_fields)
         copy_sidecars(ms_dir, tmp)
     return ExportResult(out, count, params, time.perf_counter() - started)
+
+
+def _check_shapes(ckpt, config, renamed: dict[str, str], model_class: str) -> None:
+    """Every checkpoint tensor against the shape model.yaml implies, before anything is
+    written: a model.ckpt from another model must not become an HF folder whose
+    config.json says one width while its weights have another."""
+    from migrate.models.shapes import expected_shapes
+
+    wrong = []
+    for name, shape in expected_shapes(config, model_class).items():
+        spec = ckpt.specs.get(renamed.get(name, name))
+        if spec is not None and tuple(spec[1]) != tuple(shape):
+            wrong.append(f"{renamed.get(name, name)} {list(spec[1])} vs {list(shape)}")
+    if wrong:
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise MigrateError(f"checkpoint does not match its model.yaml: {'; '.join(wrong[:3])}{more} "
+                           "(checkpoint shape vs the shape model.yaml implies)")
 
 
 def _hf_specs(ckpt, groups, member, fields) -> list[tuple]:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from migrate.errors import MigrateError
+from migrate.safeyaml import clip, quote
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
 
@@ -22,9 +23,15 @@ def read_raw_config(folder: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except ValueError as exc:
-        raise MigrateError(f"config.json in {folder} is not valid JSON: {exc}") from None
+        raise MigrateError(f"config.json in {folder} is not valid JSON: {clip(exc)}") from None
     if not isinstance(data, dict):
         raise MigrateError(f"config.json in {folder} is not a JSON object")
+    # The two fields that pick a keymap and a model class: names, or nothing.
+    model_type, archs = data.get("model_type"), data.get("architectures")
+    if model_type is not None and not isinstance(model_type, str):
+        raise MigrateError(f"config.json in {folder}: model_type must be a string, got {quote(model_type)}")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise MigrateError(f"config.json in {folder}: architectures must be a list of names, got {quote(archs)}")
     return data
 
 

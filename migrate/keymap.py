@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from migrate.errors import MigrateError
+from migrate.keymap_schema import check_schema
 from migrate.models.registry import MODEL_CLASS_FIELD
+from migrate.safeyaml import clip, load_yaml, quote
 
 KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS", Path(__file__).resolve().parent.parent / "keymaps"))
 TARGET_FIELD = "keymap_target"   # model.yaml field naming the keymap target a checkpoint was written for
@@ -99,12 +100,13 @@ class Keymap:
         if path.suffix not in (".yaml", ".yml"):
             path = KEYMAP_DIR / f"{name_or_path}.yaml"
         if not path.is_file():
-            raise MigrateError(f"unknown keymap {name_or_path!r}; known: {', '.join(available())}")
+            raise MigrateError(f"unknown keymap {quote(name_or_path)}; known: {', '.join(available())}")
         try:
             data = _read_with_base(path)
+            check_schema(data)
             return cls._from_data(data, path)
-        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise MigrateError(f"invalid keymap {path}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MigrateError(f"invalid keymap {path}: {clip(exc)}") from None
 
     @classmethod
     def _from_data(cls, data: dict, path: Path, variant: str | None = None,
@@ -171,16 +173,16 @@ class Keymap:
         try:
             return Keymap._from_data(self.data, self.path, variant, target, view)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise MigrateError(f"invalid keymap {self.path}: {exc}") from None
+            raise MigrateError(f"invalid keymap {self.path}: {clip(exc)}") from None
 
     def _target_chain(self, target: str) -> list[str]:
         targets, chain = self.targets(), []
         while target is not None:
             if target not in targets:
                 known = ", ".join(targets) or "none"
-                raise MigrateError(f"keymap {self.name} has no target {target!r} (its targets: {known})")
+                raise MigrateError(f"keymap {self.name} has no target {quote(target)} (its targets: {known})")
             if target in chain:
-                raise MigrateError(f"keymap {self.name}: targets extend each other in a loop ({target})")
+                raise MigrateError(f"keymap {self.name}: targets extend each other in a loop ({quote(target)})")
             chain.insert(0, target)
             target = targets[target].get("extends")
         return chain
@@ -222,7 +224,7 @@ class Keymap:
         if self.model_types and model_type not in self.model_types:
             arch = ", ".join(hf_config.get("architectures") or []) or model_type
             raise MigrateError(
-                f"keymap {self.name} does not know architecture {arch!r} (model_type {model_type!r}); "
+                f"keymap {self.name} does not know architecture {quote(arch)} (model_type {quote(model_type)}); "
                 f"it converts: {', '.join(self.architectures)}"
             )
 
@@ -244,9 +246,9 @@ class Keymap:
     def ms_to_hf_config(self, ms_config: dict) -> dict[str, Any]:
         for name, value in self.constants.items():
             if name in ms_config and ms_config[name] != value:
-                raise MigrateError(f"cannot export as {self.name}: model has {name}={ms_config[name]!r}, "
+                raise MigrateError(f"cannot export as {self.name}: model has {name}={quote(ms_config[name])}, "
                                    f"the {'target ' + self.target_name if self.target_name else 'family'} "
-                                   f"fixes {value!r}")
+                                   f"fixes {quote(value)}")
         out: dict[str, Any] = dict(self.passthrough)
         # Whole-dict rows first, so dotted rows can fill into them.
         for hf_field, ms_fields in sorted(self.config, key=lambda row: row[0].count(".")):
@@ -255,7 +257,7 @@ class Keymap:
                 continue
             if any(v != values[0] for v in values[1:]):
                 raise MigrateError(
-                    f"cannot export {hf_field}: MindSpore fields {', '.join(ms_fields)} disagree ({values})"
+                    f"cannot export {hf_field}: MindSpore fields {', '.join(ms_fields)} disagree ({quote(values)})"
                 )
             value = values[0]
             if value is None and "." not in hf_field:
@@ -268,7 +270,7 @@ class Keymap:
     def _layers(self, ms_config: dict) -> int:
         layers = ms_config.get(self.layer_count)
         if not isinstance(layers, int) or layers < 0:
-            raise MigrateError(f"model config has no valid {self.layer_count}: {layers!r}")
+            raise MigrateError(f"model config has no valid {self.layer_count}: {quote(layers)}")
         return layers
 
     def groups(self, ms_config: dict) -> tuple[list[Group], list[Pair]]:
@@ -320,7 +322,7 @@ def _rule(key: str, spec: Any, sub) -> ParamRule:
     if isinstance(spec, str):
         return ParamRule((key,), (sub(spec),))
     if not isinstance(spec, dict):
-        raise ValueError(f"params row {key!r}: expected a name or a mapping, got {spec!r}")
+        raise ValueError(f"params row {quote(key)}: expected a name or a mapping, got {quote(spec)}")
     if "from" not in spec:
         return ParamRule((key,), (sub(spec["to"]),), spec.get("when"),
                          sub(spec["tied_to"]) if spec.get("tied_to") else None, _layout_spec(spec, key))
@@ -328,9 +330,9 @@ def _rule(key: str, spec: Any, sub) -> ParamRule:
     dst = [spec["to"]] if isinstance(spec["to"], str) else list(spec["to"])
     layout = _layout_spec(spec, key)
     if spec.get("tied_to"):
-        raise ValueError(f"params row {key!r}: tied_to applies to renames only")
+        raise ValueError(f"params row {quote(key)}: tied_to applies to renames only")
     if layout is None and (len(src), len(dst)) != (1, 1):
-        raise ValueError(f"params row {key!r}: {len(src)} source(s) -> {len(dst)} target(s) needs a layout")
+        raise ValueError(f"params row {quote(key)}: {len(src)} source(s) -> {len(dst)} target(s) needs a layout")
     return ParamRule(tuple(sub(s) for s in src), tuple(sub(d) for d in dst), spec.get("when"), None, layout)
 
 
@@ -344,7 +346,7 @@ def _layout_spec(spec: dict, key: str) -> str | None:
     try:
         get_layout(name)
     except MigrateError as exc:
-        raise ValueError(f"params row {key!r}: {exc}") from None
+        raise ValueError(f"params row {quote(key)}: {clip(exc)}") from None
     return name
 
 
@@ -375,18 +377,40 @@ def _merge(base: dict, over: dict) -> dict:
 def _read_with_base(path: Path, seen: tuple = ()) -> dict:
     """A keymap may `extends: <family>` another: mapping sections merge (own
     entries win), everything else is replaced."""
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path, "keymap")
     if not isinstance(data, dict):
         raise ValueError("a keymap is a YAML mapping")
     base_name = data.pop("extends", None)
     if base_name is None:
         return data
-    base_path = KEYMAP_DIR / f"{base_name}.yaml"
-    if base_path in seen or base_path == path:
+    base_path = _base_path(base_name, path)
+    if base_path in seen or base_path == path.resolve():
         raise ValueError(f"keymap inheritance loops through {base_name}")
-    if not base_path.is_file():
-        raise ValueError(f"extends unknown keymap {base_name!r}")
-    return _merge(_read_with_base(base_path, seen + (path,)), data)
+    return _merge(_read_with_base(base_path, seen + (path.resolve(),)), data)
+
+
+_KEYMAP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _base_path(name: Any, path: Path) -> Path:
+    """The keymap `extends: name` means: a keymap name, looked up among the bundled
+    keymaps, then beside the extending file -- never a path. A file a keymap was handed
+    with must not make us read an arbitrary file (`../../x`, `/etc/x`), nor a link
+    from either folder to outside it."""
+    if not isinstance(name, str) or not _KEYMAP_NAME.fullmatch(name):
+        raise ValueError(f"`extends` must name a keymap (a bundled one such as hf_llama, or a file beside "
+                         f"this one, without a path), got {quote(name)}")
+    stem = name[: -len(Path(name).suffix)] if Path(name).suffix in (".yaml", ".yml") else name
+    folders = list(dict.fromkeys([KEYMAP_DIR.resolve(), path.resolve().parent]))
+    for folder in folders:
+        candidate = folder / f"{stem}.yaml"
+        if not candidate.is_file():
+            continue
+        real = candidate.resolve()
+        if real.parent != folder:
+            raise ValueError(f"`extends: {name}` leads to {real}, outside {folder}")
+        return real
+    raise ValueError(f"extends unknown keymap {quote(name)} (looked in {', '.join(map(str, folders))})")
 
 
 def _expand(template: str, layers: int) -> list[str]:
@@ -397,6 +421,16 @@ def _expand(template: str, layers: int) -> list[str]:
 
 def available() -> list[str]:
     return sorted(p.stem for p in KEYMAP_DIR.glob("*.yaml"))
+
+
+def bundled_targets() -> set[str]:
+    """The model classes the bundled keymaps name (`target`, and their variants'):
+    the classes a keymap or model.yaml may name without the user's opt-in."""
+    found = set()
+    for km in registry().values():
+        found.add(km.target)
+        found |= {over["target"] for over in km.variants().values() if over and over.get("target")}
+    return found
 
 
 def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
@@ -410,7 +444,7 @@ def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
         km = Keymap.load(str(path))
         if km.name in found and found[km.name].path.resolve() != km.path.resolve():
             raise MigrateError(
-                f"keymap family {km.name!r} in {km.path} is already defined by {found[km.name].path}; "
+                f"keymap family {quote(km.name)} in {km.path} is already defined by {found[km.name].path}; "
                 "give your keymap its own `family` name"
             )
         found[km.name] = km
@@ -435,6 +469,9 @@ def recorded_keymap(ms_dir: str | Path) -> str:
             value = None
         if not isinstance(value, str):
             raise MigrateError(f"{path} names no keymap")
+        if not _KEYMAP_NAME.fullmatch(value):
+            # A folder from someone else must not point us at an arbitrary file.
+            raise MigrateError(f"{path} names keymap {quote(value)}, which is not a keymap name")
         return value
     return "hf_llama"
 
@@ -459,8 +496,9 @@ def resolve(name_or_path: str, hf_config: dict | None = None) -> Keymap:
         known = ", ".join(f"{km.name} ({'/'.join(km.architectures)})" for km in registry().values())
         what = "/".join(sorted(archs)) or model_type
         if not candidates:
-            raise MigrateError(f"no keymap knows {what!r} (model_type {model_type!r}); known families: {known}")
-        raise MigrateError(f"several keymaps claim {what!r}: {', '.join(km.name for km in candidates)}")
+            raise MigrateError(f"no keymap knows {quote(what)} (model_type {quote(model_type)}); "
+                               f"known families: {known}")
+        raise MigrateError(f"several keymaps claim {quote(what)}: {', '.join(km.name for km in candidates)}")
     return candidates[0]
 
 

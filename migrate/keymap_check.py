@@ -12,7 +12,7 @@ from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import TARGET_FIELD, Keymap, resolve
 from migrate.models.config import config_class
-from migrate.models.registry import MODEL_CLASS_FIELD
+from migrate.models.registry import MODEL_CLASS_FIELD, allow_model_class
 
 
 @dataclass
@@ -94,6 +94,8 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
     km.check_source(raw)
     km = km.for_source(raw).with_target(target)
     model = ms_model or km.target
+    if ms_model:
+        allow_model_class(ms_model)  # the user typed it: their own class is theirs to import
     config = target_model_config(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model)
     fields = config.to_dict()
     expected = expected_shapes(config, model)

@@ -330,8 +330,8 @@ def test_inv_freq_matches_hf(name):
 
 def test_unsupported_settings_raise():
     base = dict(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2)
-    with pytest.raises(MigrateError, match="default, linear, llama3"):
-        LlamaForCausalLM(LlamaConfig(**base, rope_scaling={"rope_type": "yarn", "factor": 2.0}))
+    with pytest.raises(MigrateError, match="default, linear, dynamic, yarn, longrope, llama3"):
+        LlamaForCausalLM(LlamaConfig(**base, rope_scaling={"rope_type": "proportional", "factor": 2.0}))
     with pytest.raises(MigrateError, match="hidden_act"):
         LlamaForCausalLM(LlamaConfig(**base, hidden_act="quick_gelu"))
     with pytest.raises(MigrateError, match="compute_dtype"):

@@ -7,6 +7,8 @@ naturally to MindFormers users.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import yaml
 
 from migrate.errors import MigrateError
+from migrate.safeyaml import load_yaml, quote
 
 
 def check_heads(hidden_size: int, num_heads: int) -> None:
@@ -36,10 +39,16 @@ class ConfigIO:
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: v for k, v in data.items() if k in known}
         extra = {k: v for k, v in data.items() if k not in known}
-        try:
-            return cls(**kwargs, extra=extra)
-        except TypeError as exc:  # a required field is absent
-            raise MigrateError(f"model config is incomplete: {exc}") from None
+        missing = [f.name for f in dataclasses.fields(cls) if f.name in known and f.name not in kwargs
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise MigrateError(f"model config is incomplete: it lacks {', '.join(missing)}")
+        hints = typing.get_type_hints(cls)
+        for name, value in kwargs.items():
+            if not _has_type(value, hints[name]):
+                raise MigrateError(f"model config field {name} must be {_type_name(hints[name])}, "
+                                   f"got {quote(value)}")
+        return cls(**kwargs, extra=extra)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
@@ -51,10 +60,44 @@ class ConfigIO:
             path = path / "model.yaml"
         if not path.is_file():
             raise MigrateError(f"no model config at {path}")
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path, "model config")
         if not isinstance(data, dict):
             raise MigrateError(f"{path} is not a mapping of config fields")
         return cls.from_dict(data)
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether a YAML value fits a config field's annotation (int for float is fine, bool for int is not)."""
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_has_type(k, args[0]) and _has_type(v, args[1])
+                                               for k, v in value.items())
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    if isinstance(hint, type):
+        return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+                "dict": "a mapping", "list": "a list"}.get(hint.__name__, hint.__name__)
+    return {list: "a list", dict: "a mapping"}.get(typing.get_origin(hint), str(hint))
 
 
 @dataclass
@@ -90,8 +133,13 @@ class LlamaConfig(ConfigIO):
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
 
     def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_heads"):
+            if getattr(self, name) <= 0:
+                raise MigrateError(f"model config field {name} must be positive, got {getattr(self, name)}")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.num_heads
+        if self.n_kv_heads <= 0:
+            raise MigrateError(f"model config field n_kv_heads must be positive, got {self.n_kv_heads}")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.n_kv_heads:
@@ -122,8 +170,8 @@ def config_class(target: str | None):
 
     if not target:
         return LlamaConfig
-    name = CONFIG_CLASSES.get(target)
-    if name is None:
+    name = CONFIG_CLASSES.get(target) if isinstance(target, str) else None
+    if name is None:  # a class of the user's: imported only where registry allows it
         from migrate.models.registry import model_class
 
         return getattr(model_class(target), "config_class", LlamaConfig)
@@ -138,6 +186,6 @@ def load_model_config(path: str | Path):
         path = path / "model.yaml"
     target = None
     if path.is_file():
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path, "model config")
         target = data.get("model_class") if isinstance(data, dict) else None
     return config_class(target).load(path)

@@ -34,7 +34,8 @@ from mindspore.common.initializer import Initializer, initializer
 
 from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
-from migrate.models.rope import rope_inv_freq
+from migrate.models.rope import dynamic_ntk_inv_freq, rope_frequencies
+from migrate.models.support import check_activation
 
 F32 = ms.float32
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -51,11 +52,19 @@ def _gelu_tanh(x):
     return ops.gelu(x, approximate="tanh")
 
 
-# HF ACT2FN names with an exact MindSpore equivalent.
+def _relu2(x):
+    # HF ReLUSquaredActivation: relu, then torch.square (x * x); relu is exact, so one rounding.
+    r = mint.nn.functional.relu(x)
+    return r * r
+
+
+# HF ACT2FN names with an exact MindSpore equivalent (support.LLAMA_ACTIVATIONS, which
+# convert checks without MindSpore, lists the same names).
 _ACTIVATIONS = {
     "silu": mint.nn.functional.silu,
     "swish": mint.nn.functional.silu,
     "relu": mint.nn.functional.relu,
+    "relu2": _relu2,
     "gelu": _gelu,
     "gelu_pytorch_tanh": _gelu_tanh,
     "gelu_new": _gelu_tanh,
@@ -307,18 +316,32 @@ class LlamaModel(_Cell):
             [LlamaDecoderLayer(config, prec, f"{prefix}.layers.{i}", sliding[i]) for i in range(config.num_layers)]
         )
         self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, prec, prefix + ".norm_out")
-        inv_freq, self.attention_scaling = rope_inv_freq(
-            config.head_dim, config.theta, config.rope_scaling, config.seq_length
-        )
-        # A constant, not a Parameter: it must not show up in checkpoints.
-        self.inv_freq = Tensor(inv_freq, F32)
+        rope = rope_frequencies(config.head_dim, config.theta, config.rope_scaling, config.seq_length)
+        self.attention_scaling = rope.attention_scaling
+        # Constants, not Parameters: they must not show up in checkpoints.
+        self.inv_freq = Tensor(rope.inv_freq, F32)
+        # longrope's long set, used past original_max_position_embeddings.
+        self.long_inv_freq = None if rope.long_inv_freq is None else Tensor(rope.long_inv_freq, F32)
+        # Past this length longrope switches sets and dynamic NTK recomputes its own (both as HF).
+        self.rope_switch = rope.switch_after
+        # Plain numbers, not the RopeFrequencies object: GRAPH_MODE reads those from a Cell.
+        self.dynamic_rope = (rope.theta, rope.factor, rope.dim) if rope.rope_type == "dynamic" else None
         self.min_value = _MIN[prec.dtype]
+
+    def _inv_freq(self, seq_len):
+        # seq_len is a Python int (a constant in GRAPH_MODE, where the numpy call runs at compile time).
+        if self.rope_switch is None or seq_len <= self.rope_switch:
+            return self.inv_freq
+        if self.long_inv_freq is not None:
+            return self.long_inv_freq
+        theta, factor, dim = self.dynamic_rope
+        return Tensor(dynamic_ntk_inv_freq(theta, factor, dim, self.rope_switch, seq_len), F32)
 
     def _rope(self, seq_len):
         # HF: fp32 positions * inv_freq, cos/sin in fp32, then cast to the activation dtype.
         # ops.arange: mint.arange has no CPU kernel.
         pos = ops.arange(0, seq_len, dtype=F32)
-        freqs = pos.expand_dims(-1) * self.inv_freq.expand_dims(0)
+        freqs = pos.expand_dims(-1) * self._inv_freq(seq_len).expand_dims(0)
         emb = mint.cat((freqs, freqs), -1)
         cos = mint.cos(emb)
         sin = mint.sin(emb)
@@ -383,10 +406,7 @@ class LlamaForCausalLM(_Cell):
             raise MigrateError(
                 f"compute_dtype {config.compute_dtype!r} is not supported; supported: {', '.join(_DTYPES)}"
             )
-        if config.hidden_act not in _ACTIVATIONS:
-            raise MigrateError(
-                f"hidden_act {config.hidden_act!r} is not supported; supported: {', '.join(_ACTIVATIONS)}"
-            )
+        check_activation(config.hidden_act)
         if config.head_dim % 2:
             raise MigrateError(f"head_dim must be even for RoPE, got {config.head_dim}")
         prec = _Precision(_DTYPES[config.compute_dtype], config.initializer_range, seed)

@@ -116,7 +116,10 @@ SHAPE_FUNCTIONS: dict[str, Callable[[object], Shapes]] = {
 
 def expected_shapes(config, target: str) -> Shapes:
     """Names and shapes of model `target` (`module:Class`) built from `config`, in the
-    model's own parameter order."""
+    model's own parameter order; MigrateError for a config the bundled model cannot run."""
+    from migrate.models.support import check_runnable
+
+    check_runnable(config, target)
     function = SHAPE_FUNCTIONS.get(target)
     if function is not None:
         return function(config)
