@@ -31,7 +31,8 @@ def _cmd_compare(args) -> int:
     result = compare_runs(
         args.golden, args.ms, noise_path=args.noise, dtype=args.dtype, allow_prefix=args.allow_prefix,
         tolerances={"first": args.tol_first, "mean": args.tol_mean, "max": args.tol_max, "lr": args.tol_lr,
-                    "clip": args.tol_clip},
+                    "clip": args.tol_clip, "drift": args.tol_drift},
+        hparams=args.hparams,
     )
     print_summary(result, console())
     if args.plot:
@@ -228,5 +229,9 @@ def register(sub) -> None:
     p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
     p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
     p.add_argument("--tol-clip", type=float, help="mean signed post-clip grad-norm relative difference bound")
+    p.add_argument("--tol-drift", type=float,
+                   help="fp32: how far (x the first steps' level) the loss rel diff may stay on one side (default 10)")
+    p.add_argument("--hparams", nargs=2, metavar=("GOLDEN", "MS"),
+                   help="the two runs' effective_hparams.json (default: the files beside each metrics.jsonl)")
     p.set_defaults(func=_cmd_compare)
 

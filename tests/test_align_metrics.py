@@ -99,14 +99,20 @@ def test_nan_position_mismatch_fails_even_when_values_agree():
     assert "ref: 1 NaN" in reason and "got: 1 NaN" in reason
 
 
-def test_matching_nonfinite_positions_pass_and_count_as_within():
+def test_matching_nonfinite_positions_count_as_within_but_still_fail():
     a = np.array([1.0, np.nan, np.inf, -np.inf, 2.0])
     m = tensor_metrics(a, a.copy())
     assert m["nonfinite_match"] is True
     assert m["nan_ref"] == 1 and m["inf_ref"] == 2
     assert m["within_1e-3"] == 1.0
-    assert m["max_abs"] == 0 and m["cosine"] == 1.0
-    assert judge(m, "hidden", "fp32") == (True, None)
+    assert m["max_abs"] == 0 and m["cosine"] == 1.0     # over the 2 positions finite on both sides
+    assert m["finite_compared"] == 2
+    # Issue 11: NaN / Inf fails by itself, even where both sides agree on the positions
+    # (this test asserted a pass before).
+    passed, reason = judge(m, "hidden", "fp32")
+    assert not passed
+    assert reason == ("NaN/Inf at the same positions on both sides "
+                      "(ref: 1 NaN, 2 Inf of 5 at [1], [2], [3] | got: 1 NaN, 2 Inf of 5 at [1], [2], [3])")
     # +inf against -inf at the same position is a mismatch
     b = a.copy()
     b[2] = -np.inf

@@ -10,12 +10,18 @@ embedding gradient does not need several float64 copies of itself at once.
 
 Rules (all documented values are module constants):
 
-* NaN / Inf. Each element is classed as finite, NaN, +Inf or -Inf. The two
-  sides must agree on the class at every position (`nonfinite_match`); a
-  mismatch fails the entry on its own, whatever the other metrics say.
+* NaN / Inf. Each element is classed as finite, NaN, +Inf or -Inf, and each
+  side's counts and first few positions are recorded (`nan_ref`, `inf_got`,
+  `nonfinite_ref_at`, ...). Any NaN or Inf, on either side, fails the entry
+  on its own (`judge`), even where both sides hold it at the same positions:
+  a converted model that computes NaN is broken whatever the reference does,
+  and agreement on NaN says nothing about the numbers. `nonfinite_match`
+  still says whether the two sides agree on the class at every position.
   All value metrics (max_abs, max_rel, mean_abs, cosine) are computed over
-  the positions that are finite on *both* sides. Positions that are the same
-  non-finite value on both sides count as agreeing in the `within_*` shares.
+  the positions that are finite on *both* sides (`finite_compared` of
+  `numel`); with no such position they are NaN -- never a 0 / 1 that reads
+  as perfect agreement. Positions that are the same non-finite value on both
+  sides count as agreeing in the `within_*` shares.
 
 * Zero-safe relative error. ``rel = |ref - got| / max(|ref|, floor)`` with
   ``floor = max(REL_FLOOR_FRACTION * mean|ref|, REL_FLOOR_MIN)``: an element
@@ -48,6 +54,7 @@ import numpy as np
 from migrate.errors import MigrateError
 
 __all__ = [
+    "NONFINITE_POSITIONS",
     "REL_FLOOR_FRACTION",
     "REL_FLOOR_MIN",
     "WITHIN_TOLERANCES",
@@ -60,10 +67,14 @@ __all__ = [
     "generation_metrics",
     "token_rows",
     "judge",
+    "nonfinite_count",
+    "nonfinite_side",
+    "nonfinite_text",
     "fmt_cosine",
     "fmt_num",
 ]
 
+NONFINITE_POSITIONS = 5     # positions of NaN / Inf recorded per side (flat order)
 REL_FLOOR_FRACTION = 1e-3   # floor of the relative-error denominator, as a share of mean|ref|
 REL_FLOOR_MIN = 1e-30       # absolute floor, so an all-zero reference still divides safely
 WITHIN_TOLERANCES = (1e-3, 5e-3)  # reported as "within_1e-3", "within_5e-3"
@@ -123,8 +134,11 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
     Returns a JSON-friendly dict (python floats / ints / lists):
     ``shape, numel, dtype_ref, dtype_got, max_abs, max_abs_index, max_rel,
     mean_abs, cosine, within_1e-3, within_5e-3, ref_max_abs, got_max_abs,
-    ref_mean_abs, rel_floor, nan_ref, nan_got, inf_ref, inf_got,
-    nonfinite_mismatches, nonfinite_match``. On a shape mismatch it returns
+    ref_mean_abs, rel_floor, finite_compared, nan_ref, nan_got, inf_ref,
+    inf_got, nonfinite_ref_at, nonfinite_got_at, nonfinite_mismatches,
+    nonfinite_match``; ``nonfinite_*_at`` are the first `NONFINITE_POSITIONS`
+    indices (flat order, unravelled) holding NaN or Inf on that side. On a
+    shape mismatch it returns
     ``error, shape_ref, shape_got, dtype_ref, dtype_got`` instead.
     """
     ref = _as_array(ref, "ref")
@@ -138,6 +152,8 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
 
     # Pass 1: non-finite bookkeeping and reference scale.
     nan_ref = nan_got = inf_ref = inf_got = 0
+    at_ref: list[int] = []
+    at_got: list[int] = []
     mismatches = 0
     same_nonfinite = 0
     n_finite = 0
@@ -157,6 +173,9 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
             inf_ref += int(np.count_nonzero(ca >= _POSINF))
             inf_got += int(np.count_nonzero(cb >= _POSINF))
             mismatches += int(np.count_nonzero(ca != cb))
+            for at, fin in ((at_ref, fin_a), (at_got, fin_b)):
+                if len(at) < NONFINITE_POSITIONS:
+                    at.extend(lo + int(i) for i in np.flatnonzero(~fin)[:NONFINITE_POSITIONS - len(at)])
             same_nonfinite += int(np.count_nonzero((ca == cb) & (ca != _FINITE)))
             both = fin_a & fin_b
             fa, fb = np.abs(a[both]), np.abs(b[both])
@@ -202,7 +221,9 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
             na2 += float(np.dot(fa, fa))
             nb2 += float(np.dot(fb, fb))
 
-    if na2 == 0.0 and nb2 == 0.0:
+    if n and not n_finite:
+        cosine = math.nan   # nothing finite to compare: no direction, and no agreement either
+    elif na2 == 0.0 and nb2 == 0.0:
         cosine = 1.0
     elif na2 == 0.0 or nb2 == 0.0:
         cosine = 0.0
@@ -212,17 +233,20 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
         cosine = dot / denom
         cosine = float(min(1.0, max(-1.0, cosine)))
 
+    unmeasured = bool(n) and not n_finite   # every position non-finite on one side at least
+
+    def where(flat: int) -> list[int]:
+        return [int(i) for i in np.unravel_index(flat, ref.shape)]
+
     out: dict[str, Any] = {
         "shape": list(ref.shape),
         "numel": n,
         "dtype_ref": str(ref.dtype),
         "dtype_got": str(got.dtype),
-        "max_abs": max_abs,
-        "max_abs_index": (
-            [int(i) for i in np.unravel_index(max_abs_at, ref.shape)] if max_abs_at >= 0 else None
-        ),
-        "max_rel": max_rel,
-        "mean_abs": sum_abs_diff / n_finite if n_finite else 0.0,
+        "max_abs": math.nan if unmeasured else max_abs,
+        "max_abs_index": where(max_abs_at) if max_abs_at >= 0 else None,
+        "max_rel": math.nan if unmeasured else max_rel,
+        "mean_abs": math.nan if unmeasured else (sum_abs_diff / n_finite if n_finite else 0.0),
         "cosine": cosine,
     }
     for i, tol in enumerate(WITHIN_TOLERANCES):
@@ -234,10 +258,13 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
         "got_max_abs": got_max,
         "ref_mean_abs": ref_mean,
         "rel_floor": floor,
+        "finite_compared": n_finite,
         "nan_ref": nan_ref,
         "nan_got": nan_got,
         "inf_ref": inf_ref,
         "inf_got": inf_got,
+        "nonfinite_ref_at": [where(i) for i in at_ref],
+        "nonfinite_got_at": [where(i) for i in at_got],
         "nonfinite_mismatches": mismatches,
         "nonfinite_match": mismatches == 0,
     })
@@ -669,13 +696,53 @@ def _bad(x: Any) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
+def nonfinite_count(metrics: Mapping[str, Any]) -> int:
+    """NaN and Inf elements on both sides together (0 for metrics without the counts)."""
+    return sum(int(metrics.get(k) or 0) for k in ("nan_ref", "inf_ref", "nan_got", "inf_got"))
+
+
+def _positions(at: Any, limit: int, count: int) -> str:
+    """The first `limit` positions, with "…" when the side holds more than are shown."""
+    at = list(at or [])
+    text = ", ".join(str(list(i)) for i in at[:limit])
+    return text + (", …" if text and count > min(limit, len(at)) else "")
+
+
+def nonfinite_side(metrics: Mapping[str, Any], side: str, positions: int = 3) -> str:
+    """One side's ("ref" / "got") NaN / Inf: "finite", or "3 NaN, 1 Inf of 40 at [0, 2], [1, 0], …"."""
+    nan, inf = int(metrics.get(f"nan_{side}") or 0), int(metrics.get(f"inf_{side}") or 0)
+    if not nan and not inf:
+        return "finite"
+    counts = ", ".join(t for t in (nan and f"{nan} NaN", inf and f"{inf} Inf") if t)
+    of = f" of {metrics['numel']}" if metrics.get("numel") is not None else ""
+    at = _positions([i for i in metrics.get(f"nonfinite_{side}_at") or [] if i], positions, nan + inf)  # []: scalar
+    return f"{counts}{of}" + (f" at {at}" if at else "")
+
+
+def nonfinite_text(metrics: Mapping[str, Any], ref_label: str = "ref", got_label: str = "got",
+                   positions: int = 3) -> str:
+    """"NaN/Inf at 3 positions on one side (ref: finite | got: 3 NaN of 10 at [2], [5], [7])".
+
+    Counts and first positions per side; whether the sides agree on the positions.
+    Never contains "; " (the separator of `judge`'s reasons)."""
+    mism = metrics.get("nonfinite_mismatches")
+    match = metrics.get("nonfinite_match")
+    if match is False:
+        head = f"NaN/Inf positions differ at {mism if mism is not None else '?'} positions"
+    else:
+        head = "NaN/Inf at the same positions on both sides" if match else "NaN/Inf"
+    return (f"{head} ({ref_label}: {nonfinite_side(metrics, 'ref', positions)} | "
+            f"{got_label}: {nonfinite_side(metrics, 'got', positions)})")
+
+
 def judge(metrics: Mapping[str, Any], kind: str, thresholds: Thresholds | str) -> tuple[bool, str | None]:
     """Apply ``thresholds.bounds(kind)`` to a metrics dict.
 
     Returns ``(passed, reason)``; reason is None when passed, otherwise every
     failing check, most fundamental first, joined by "; " -- e.g.
     ``"cosine 0.93 < 0.99999; max_abs 3.10e-01 > 2.66e-05 = 1e-05 × max|ref| 2.66"``.
-    Order: shape/other error, NaN/Inf positions, cosine, max_abs, top1, kl, match.
+    Order: shape/other error, NaN/Inf, cosine, max_abs, top1, kl, match.
+    Any NaN or Inf element, on either side, fails by itself (`nonfinite_text`).
     A metric that is None (not measured) is skipped; a NaN metric fails.
     """
     if not isinstance(thresholds, Thresholds):
@@ -684,12 +751,8 @@ def judge(metrics: Mapping[str, Any], kind: str, thresholds: Thresholds | str) -
     if metrics.get("error"):
         return False, str(metrics["error"])
     fails: list[str] = []
-    if metrics.get("nonfinite_match") is False:
-        fails.append(
-            f"NaN/Inf positions differ at {metrics.get('nonfinite_mismatches', '?')} positions "
-            f"(ref: {metrics.get('nan_ref', 0)} NaN, {metrics.get('inf_ref', 0)} Inf | "
-            f"got: {metrics.get('nan_got', 0)} NaN, {metrics.get('inf_got', 0)} Inf)"
-        )
+    if nonfinite_count(metrics):
+        fails.append(nonfinite_text(metrics))
 
     cos = metrics.get("cosine")
     if b.cosine is not None and cos is not None:

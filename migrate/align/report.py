@@ -35,8 +35,10 @@ JSON schema (``schema_version`` 1), written by `write_report` as report.json::
                first_divergence: null | {index, name, kind, layer, block, direction,
                                          location, reason, text},
                first_grad_divergence: same,
-               headline: {logits_max_abs, logits_cosine, top1, kl, loss_rel_diff,
-                          grad_min_cosine, grads, grads_failed}},
+               nonfinite: null | {index, name, kind, layer, block, direction, location,
+                                  tensors, numel, ref: {nan, inf, at}, got: {nan, inf, at}, text},
+               headline: {logits_max_abs, logits_cosine, logits_finite, logits_numel,
+                          top1, kl, loss_rel_diff, grad_min_cosine, grads, grads_failed}},
      entries: [{index, name, kind, layer, block, direction, order, location,
                 metrics: {...}, passed, reason}],
      generation: null | {ref_tokens, got_tokens, ref_text, got_text, prompt,
@@ -45,6 +47,15 @@ JSON schema (``schema_version`` 1), written by `write_report` as report.json::
 
 Non-finite floats are written as the strings "nan", "inf", "-inf", so the
 file is strict JSON; `Report.from_dict` turns them back into floats.
+
+NaN / Inf: any non-finite element in any compared tensor, on either side,
+fails its entry (`metrics.judge`). ``summary.nonfinite`` names the first such
+tensor -- forward entries first, in forward order, then backward entries in
+backward order -- with each side's NaN / Inf counts and first positions
+(``at``: indices into the compared tensor) and how many tensors hold any;
+the verdict line, the console, report.md and report.html say it in words.
+Each entry's metrics carry ``finite_compared`` (positions finite on both
+sides: what max abs / cosine were computed over; with none they are NaN).
 """
 from __future__ import annotations
 
@@ -72,6 +83,9 @@ from migrate.align.metrics import (
     generation_metrics,
     judge,
     logits_metrics,
+    nonfinite_count,
+    nonfinite_side,
+    nonfinite_text,
     tensor_metrics,
     token_rows,
 )
@@ -432,6 +446,8 @@ class Report:
         headline = {
             "logits_max_abs": lm.get("max_abs"),
             "logits_cosine": lm.get("cosine"),
+            "logits_finite": lm.get("finite_compared"),
+            "logits_numel": lm.get("numel"),
             "top1": lm.get("top1"),
             "kl": lm.get("kl"),
             "loss_rel_diff": loss.metrics.get("max_rel") if loss else None,
@@ -465,10 +481,63 @@ class Report:
             "backward_failed": sum(1 for e in bwd if not e.passed),
             "first_divergence": point(self.first_divergence, False),
             "first_grad_divergence": point(self.first_grad_divergence, True),
+            "nonfinite": self._nonfinite_point(fwd + bwd),
             "headline": headline,
         }
         self._finalized = True
         return self
+
+    def _nonfinite_point(self, ordered: list[Entry]) -> dict | None:
+        """The first entry holding NaN / Inf on either side (forward, then backward order)."""
+        hit = [e for e in ordered if nonfinite_count(e.metrics)]
+        if not hit:
+            return None
+        e, m = hit[0], hit[0].metrics
+
+        def side(s: str) -> dict:
+            return {"nan": int(m.get(f"nan_{s}") or 0), "inf": int(m.get(f"inf_{s}") or 0),
+                    "at": list(m.get(f"nonfinite_{s}_at") or [])}
+
+        return {
+            "index": self.index_of(e), "name": e.name, "kind": e.kind, "layer": e.layer, "block": e.block,
+            "direction": e.direction, "location": e.location, "tensors": len(hit), "numel": m.get("numel"),
+            "ref": side("ref"), "got": side("got"),
+            "text": f"{e.location}: " + nonfinite_text(m, self.ref_label, self.got_label),
+        }
+
+    def nonfinite_entries(self) -> list[Entry]:
+        """Every entry holding NaN / Inf, forward order then backward order."""
+        return [e for e in self.forward + self.backward if nonfinite_count(e.metrics)]
+
+    def nonfinite_line(self) -> str | None:
+        """"NaN/Inf first in layer 0 · mlp output: … · 9 of 12 compared tensors hold NaN/Inf", or None."""
+        self._ensure_final()
+        nf = self.summary.get("nonfinite")
+        if not nf:
+            return None
+        return (f"NaN/Inf first in {nf['text']} · {nf['tensors']} of {len(self.entries)} compared "
+                f"tensors hold NaN/Inf")
+
+    def _nonfinite_verdict(self) -> str | None:
+        """"NaN in MindSpore from layer 0 · mlp output (3072 NaN of 3072 at [0, 0, 0], …)"."""
+        nf = self.summary.get("nonfinite")
+        if not nf:
+            return None
+        parts, kinds = [], set()
+        for s, label in (("ref", self.ref_label), ("got", self.got_label)):
+            d = nf[s]
+            if not (d["nan"] or d["inf"]):
+                continue
+            kinds |= {k for k in ("nan", "inf") if d[k]}
+            counts = ", ".join(t for t in (d["nan"] and f"{d['nan']} NaN", d["inf"] and f"{d['inf']} Inf") if t)
+            if nf.get("numel") is not None:
+                counts += f" of {nf['numel']}"
+            at = [list(i) for i in d["at"] if i]   # [] is the position of a scalar
+            where = ", ".join(str(i) for i in at[:3]) + (", …" if at and d["nan"] + d["inf"] > min(3, len(at)) else "")
+            parts.append((label, f"{label}: {counts}" + (f" at {where}" if where else "")))
+        word = "NaN/Inf" if kinds == {"nan", "inf"} else ("NaN" if kinds == {"nan"} else "Inf")
+        labels = " and ".join(label for label, _ in parts)
+        return f"{word} in {labels} from {nf['location']} ({' | '.join(t for _, t in parts)})"
 
     def _ensure_final(self) -> None:
         if not getattr(self, "_finalized", False):
@@ -479,8 +548,15 @@ class Report:
         self._ensure_final()
         h = self.summary["headline"]
         parts = ["PASS" if self.passed else "FAIL"]
+        nonfinite = self._nonfinite_verdict()
+        if nonfinite:
+            parts.append(nonfinite)
         if h["logits_max_abs"] is not None:
-            parts.append(f"logits max abs {fmt_num(h['logits_max_abs'])}")
+            text = f"logits max abs {fmt_num(h['logits_max_abs'])}"
+            finite, numel = h.get("logits_finite"), h.get("logits_numel")
+            if finite is not None and numel is not None and 0 < finite < numel:
+                text += f" (over the {finite} of {numel} positions finite on both sides)"
+            parts.append(text)
         if h["logits_cosine"] is not None:
             parts.append(f"cosine {fmt_cosine(h['logits_cosine'])}")
         if h["top1"] is not None:
@@ -502,6 +578,8 @@ class Report:
     def divergence_lines(self) -> list[str]:
         self._ensure_final()
         lines = []
+        if self.nonfinite_line():
+            lines.append(self.nonfinite_line())
         if self.first_divergence is not None:
             lines.append(self.first_divergence.describe(first=True))
         if self.first_grad_divergence is not None:
@@ -671,7 +749,11 @@ def render_plot(report: Report) -> bytes:
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     verdict = "PASS" if report.passed else "FAIL"
-    fig.suptitle(f"Per-layer error, forward order · {report.dtype} · {verdict}")
+    title = f"Per-layer error, forward order · {report.dtype} · {verdict}"
+    nf = report.summary.get("nonfinite")
+    if nf:
+        title += f"\nNaN/Inf from {nf['location']} ({nf['tensors']} tensors; plotted as gaps)"
+    fig.suptitle(title)
     if not n:
         ax1.text(0.5, 0.5, "no forward entries", ha="center", va="center", transform=ax1.transAxes)
     else:
@@ -739,6 +821,12 @@ def _run_rows(report: Report) -> list[tuple[str, str]]:
     return rows
 
 
+def _nonfinite_rows(report: Report) -> list[list[str]]:
+    """One row per entry holding NaN / Inf: index, location, each side's counts and first positions."""
+    return [[str(report.index_of(e)), e.location, nonfinite_side(e.metrics, "ref", 5),
+             nonfinite_side(e.metrics, "got", 5)] for e in report.nonfinite_entries()]
+
+
 def render_markdown(report: Report, image_name: str = "per_layer_error.png") -> str:
     report._ensure_final()
     out = [f"# Alignment report: {'PASS' if report.passed else 'FAIL'}", "",
@@ -746,6 +834,13 @@ def render_markdown(report: Report, image_name: str = "per_layer_error.png") -> 
     for line in report.divergence_lines():
         out.append(f"- {_md_cell(line)}")
     if report.divergence_lines():
+        out.append("")
+    nonfinite = _nonfinite_rows(report)
+    if nonfinite:
+        out += ["## NaN / Inf", "", "Any NaN or Inf in a compared tensor fails the comparison by itself.", "",
+                f"| # | location | {_md_cell(report.ref_label)} | {_md_cell(report.got_label)} |",
+                "|---|---|---|---|"]
+        out += ["| " + " | ".join(f"**{_md_cell(c)}**" for c in row) + " |" for row in nonfinite]
         out.append("")
     out += ["## Run", "", "| | |", "|---|---|"]
     out += [f"| {_md_cell(k)} | {_md_cell(v)} |" for k, v in _run_rows(report)]
@@ -806,6 +901,15 @@ def render_html(report: Report, png: bytes) -> str:
     ]
     for line in report.divergence_lines():
         parts.append(f'<p class="div">{esc(line)}</p>')
+    nonfinite = _nonfinite_rows(report)
+    if nonfinite:
+        parts.append("<h2>NaN / Inf</h2><p>Any NaN or Inf in a compared tensor fails the comparison by "
+                     f'itself.</p><table><tr><th>#</th><th class="l">location</th><th class="l">'
+                     f'{esc(report.ref_label)}</th><th class="l">{esc(report.got_label)}</th></tr>')
+        for row in nonfinite:
+            parts.append('<tr class="fail">' + "".join(
+                f'<td class="{"l" if i else ""}">{esc(c)}</td>' for i, c in enumerate(row)) + "</tr>")
+        parts.append("</table>")
     parts.append("<h2>Run</h2><table>")
     for k, v in _run_rows(report):
         parts.append(f'<tr><th class="l">{esc(k)}</th><td class="l">{esc(v)}</td></tr>')
