@@ -83,7 +83,12 @@ def checkpoint_files(path: str | Path) -> tuple[str, list[Path]]:
 
 
 def open_ms_checkpoint(path: str | Path) -> MSCheckpoint:
-    """Names, dtypes and shapes of every tensor, reading headers only."""
+    """Names, dtypes and shapes of every tensor, reading headers only -- except that a
+    training checkpoint folder (`migrate.train.integrity`) is checked against its manifest first."""
+    if Path(path).is_dir():
+        from migrate.train.integrity import verify_checkpoint
+
+        verify_checkpoint(path)
     path = find_checkpoint(path)
     fmt, files = checkpoint_files(path)
     locations: dict[str, Path] = {}

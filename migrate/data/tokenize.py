@@ -3,6 +3,7 @@ twice: `train.mindrecord` for MindSpore's MindDataset and `train.npy` for the
 golden PyTorch side, plus `data.json` describing how they were made.
 
 Convention: files are read in sorted path order, each file is one document,
+UTF-8 text (a file over 10 % control characters is refused as not text),
 tokenized by the HF tokenizer without its automatic special tokens, then
 followed by EOS (and preceded by BOS when `add_bos`). Documents are
 concatenated and cut into rows of seq_length + 1 tokens (model input row[:-1],
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -23,6 +25,10 @@ from migrate.data.samples import META_FILE, MINDRECORD_FILE, SAMPLES_FILE
 from migrate.errors import MigrateError
 
 FORMAT_VERSION = 1
+# Unicode's control characters (Cc) but tab, newline, vertical tab, form feed, carriage return.
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+# Text has almost none (a coloured log, its escape codes: a few %); a file over this share is not text.
+MAX_CONTROL_SHARE = 0.1
 _WRITE_CHUNK = 1024  # rows per FileWriter.write_raw_data call
 
 
@@ -53,6 +59,7 @@ def tokenize_corpus(files: Iterable[str | Path], tokenizer_dir: str | Path, seq_
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise MigrateError(f"{path} is not UTF-8 text: {exc}") from None
+        check_text(path, text)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         doc = ([bos] if add_bos else []) + list(ids) + [eos]
         docs.append(np.asarray(doc, dtype=np.int64))
@@ -83,6 +90,17 @@ def tokenize_corpus(files: Iterable[str | Path], tokenizer_dir: str | Path, seq_
         write_mindrecord(tmp / MINDRECORD_FILE, samples)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def check_text(path: Path, text: str) -> None:
+    """Refuse a file that decodes as UTF-8 but is not text: a file of NUL bytes, or
+    UTF-16 without its BOM, is valid UTF-8 made of control characters."""
+    controls = len(text) - len(_CONTROL.sub("", text))
+    if controls > MAX_CONTROL_SHARE * len(text):
+        first = _CONTROL.search(text)
+        raise MigrateError(f"{path} is not text: {controls:,} of its {len(text):,} characters are control characters "
+                           f"(first U+{ord(first.group()):04X} at character {first.start():,}); "
+                           f"migrate data tokenize reads UTF-8 text")
 
 
 def write_mindrecord(path: Path, samples: np.ndarray) -> None:

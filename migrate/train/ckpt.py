@@ -19,6 +19,8 @@ folder that holds metrics.jsonl):
                             rank saved which file; with optimizer sharding
                             optimizer.ckpt is replaced by per-rank
                             optimizer.rank-<r>.ckpt files (`migrate.train.dist_ckpt`)
+        manifest.json       size and sha256 of every file above, written last;
+                            verified before the folder is read (`migrate.train.integrity`)
     RUN/checkpoints/latest -> checkpoint-<step>   (symlink to the newest complete one)
 
 A checkpoint is built under a hidden temporary name and renamed into place, so
@@ -39,8 +41,10 @@ import mindspore as ms
 import numpy as np
 
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
 from migrate.sidecar import copy_sidecars
+from migrate.train.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint  # MindSpore-free there
 
 FOLDER = "checkpoints"
 PREFIX = "checkpoint-"
@@ -48,11 +52,8 @@ LATEST = "latest"
 MODEL_FILE = "model.ckpt"
 MODEL_CONFIG = "model.yaml"
 OPTIMIZER_FILE = "optimizer.ckpt"
-STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.json"
 METRICS_FILE = "metrics.jsonl"
-FORMAT = "migrate-train-checkpoint"
-VERSION = 1
 
 
 # ---------- RNG ----------
@@ -140,6 +141,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, opti
                      if p.name.startswith(SHARD_PREFIX) else {"saved_by": 0, "kind": "whole"}
                      for p in sorted(tmp.iterdir())}
             (tmp / LAYOUT_FILE).write_text(json.dumps({**parallel_layout, "files": files}, indent=1) + "\n")
+        write_manifest(tmp)  # last: it records every file above, and nothing changes after it
     if shard_staging is not None:
         shutil.rmtree(shard_staging, ignore_errors=True)
     _point_latest(folder, final.name)
@@ -222,12 +224,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
+    """The checkpoint at path, its manifest verified first (a damaged one is one MigrateError line)."""
     folder = resolve_checkpoint(path)
-    try:
-        state = json.loads((folder / STATE_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise MigrateError(f"unreadable {STATE_FILE} in {folder}: {exc}") from None
-    if state.get("format") != FORMAT:
+    verify_checkpoint(folder)
+    state = _read_json(folder, STATE_FILE)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
     from migrate.train.dist_ckpt import is_sharded, read_layout
 
@@ -235,8 +236,19 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     for name in (MODEL_FILE, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
         if not (folder / name).is_file():
             raise MigrateError(f"checkpoint {folder} has no {name}")
-    state["rng"] = json.loads((folder / RNG_FILE).read_text())
-    return Checkpoint(folder, state, (folder / METRICS_FILE).read_text())
+    state["rng"] = _read_json(folder, RNG_FILE)
+    try:
+        metrics_text = (folder / METRICS_FILE).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MigrateError(f"unreadable {METRICS_FILE} in {folder}: {exc}") from None
+    return Checkpoint(folder, state, metrics_text)
+
+
+def _read_json(folder: Path, name: str):
+    try:
+        return json.loads((folder / name).read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        raise MigrateError(f"unreadable {name} in {folder}: {exc}") from None
 
 
 def load_ckpt_file(path: Path) -> dict:

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
 
 LAYOUT_FILE = "parallel_layout.json"
@@ -188,6 +189,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) 
         state = json.loads((checkpoint.path / STATE_FILE).read_text())
         state["merged_from"] = {"path": str(checkpoint.path), "layout": _without_files(record)}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+        write_manifest(tmp)  # last: the merged folder is a checkpoint of its own (its source was verified)
     return out
 
 

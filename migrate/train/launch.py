@@ -12,11 +12,15 @@ in RUN/logs/worker_<rank>.log (--log_dir); its own output goes to
 RUN/logs/msrun.log. The first local worker's progress lines are echoed here.
 
 Exit code: msrun reports only that a worker failed (and kills the others), so
-every worker records its own code in RUN/logs/worker_<rank>.exit; the result
-is the worst of those and of the codes msrun logged (a signal -N counts as
-128 + N). When a worker failed but msrun keeps waiting on its scheduler
-(which waits MS_NODE_TIMEOUT, 30 s by default, for the dead rank), msrun is
-stopped after that timeout plus a margin.
+every worker records its own code in RUN/logs/worker_<rank>.exit. A worker
+killed outright (SIGKILL, the OOM killer) cannot: msrun logs the pid and the
+signal of the first worker it saw die, each worker left its pid in
+RUN/logs/worker_<rank>.pid, so the launcher names that rank and writes its exit
+file (128 + N for signal N); the ranks msrun then stopped get theirs too. The
+result is the code of the rank that failed first (msrun's log says which), else
+the worst a worker recorded. When a worker failed but msrun keeps waiting on
+its scheduler (which waits MS_NODE_TIMEOUT, 30 s by default, for the dead
+rank), msrun is stopped after that timeout plus a margin.
 """
 from __future__ import annotations
 
@@ -30,13 +34,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migrate.train.worker import exit_file
+from migrate.train.worker import exit_file, pid_file, record_exit
 
 LOCALHOST = "127.0.0.1"
 WORKER_MODULE = "migrate.train.worker"
 MSRUN_LOG = "msrun.log"
 PROGRESS_PREFIX = "migrate["
-_MSRUN_CODE = re.compile(r"Worker process \d+ exit with exception\. Error code: (-?\d+)")
+_MSRUN_CODE = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
 
 
 @dataclass(frozen=True)
@@ -125,36 +129,51 @@ def worst_exit_code(codes) -> int:
 
 @dataclass
 class LaunchResult:
-    code: int                               # the worst exit code (0: every worker succeeded)
-    worker_codes: dict[int, int]            # rank -> the code it recorded (local ranks only)
+    code: int                               # the exit code of the run (0: every worker succeeded)
+    worker_codes: dict[int, int]            # rank -> its exit code (local ranks only)
     msrun_code: int
     log_dir: Path
     command: list[str] = field(default_factory=list)
+    causes: dict[int, str] = field(default_factory=dict)   # rank -> how it ended, where not by itself
+    first_failed: int | None = None         # the rank msrun saw fail first
+    unmatched: list[tuple[int, int]] = field(default_factory=list)  # (pid, code) msrun logged, no rank known
 
     def failed_ranks(self) -> list[int]:
-        return sorted(r for r, c in self.worker_codes.items() if c != 0)
+        """Ranks that failed by themselves, the first one msrun saw first (not those msrun then stopped)."""
+        failed = sorted(r for r, c in self.worker_codes.items() if c != 0 and self.causes.get(r) != STOPPED)
+        return sorted(failed, key=lambda r: r != self.first_failed)
 
     def summary(self) -> str:
-        """One line naming the failed ranks, their codes and the first error line of each log."""
+        """One line: each failed rank, its exit code or signal, and its error line or else its last log line."""
         parts = []
         for rank in self.failed_ranks():
             log = self.log_dir / f"worker_{rank}.log"
-            parts.append(f"rank {rank} exited with {self.worker_codes[rank]}{_first_error(log)}")
+            how = self.causes.get(rank) or f"exited with {self.worker_codes[rank]}"
+            parts.append(f"rank {rank} {how}{_last_words(log)}")
+        for pid, raw in self.unmatched:  # died before it could say its rank
+            parts.append(f"a worker (pid {pid}) {_signal_cause(raw) or f'exited with {raw}'}")
+        stopped = sorted(r for r, c in self.causes.items() if c == STOPPED)
+        if stopped and parts:
+            parts.append(f"msrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}")
         if not parts:
             parts.append(f"msrun exited with {self.msrun_code}")
         return "; ".join(parts) + f" (logs in {self.log_dir})"
 
 
+STOPPED = "stopped by msrun"
+
+
 def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume: Path | None = None,
            mode: str = "graph", echo=print, env: dict | None = None) -> LaunchResult:
-    """Run msrun for this node, wait for it, return the worst worker's exit code."""
+    """Run msrun for this node and wait for it; the result names each rank's exit code and the run's."""
     out = Path(out).resolve()
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     devices = layout.devices
     ranks = local_ranks(devices, cluster)
-    for rank in ranks:
-        exit_file(log_dir, rank).unlink(missing_ok=True)  # a previous run's codes
+    for rank in ranks:  # a previous run's codes and pids
+        exit_file(log_dir, rank).unlink(missing_ok=True)
+        pid_file(log_dir, rank).unlink(missing_ok=True)
     port = cluster.master_port or free_port()
     threads = cpu_threads_per_rank(len(ranks))
     command = msrun_command(devices, cluster, port, log_dir,
@@ -169,13 +188,58 @@ def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume
         except BaseException:
             _stop(proc)
             raise
-    codes = {rank: _read_code(exit_file(log_dir, rank)) for rank in ranks}
-    recorded = {r: c for r, c in codes.items() if c is not None}
-    logged = [int(c) for c in _MSRUN_CODE.findall((log_dir / MSRUN_LOG).read_text(errors="replace"))]
-    code = worst_exit_code([*recorded.values(), *logged])
+    return _outcome(log_dir, ranks, msrun_code, command)
+
+
+def _outcome(log_dir: Path, ranks: list[int], msrun_code: int, command: list[str]) -> LaunchResult:
+    """Every local rank's exit code -- the workers' own, else what msrun logged -- and the run's."""
+    recorded = {r: c for r in ranks if (c := _read_code(exit_file(log_dir, r))) is not None}
+    pids = {pid: r for r in ranks if (pid := _read_code(pid_file(log_dir, r))) is not None}
+    logged = _msrun_failures(log_dir)
+    causes, first_failed, unmatched = {}, None, []
+    for pid, raw in logged:
+        rank = pids.get(pid)
+        if rank is None:
+            unmatched.append((pid, raw))
+            continue
+        first_failed = rank if first_failed is None else first_failed
+        if rank not in recorded:  # died without a word (a signal): its exit file is written here
+            recorded[rank] = as_exit_status(raw)
+            causes[rank] = _signal_cause(raw) or f"exited with {raw}"
+            record_exit(log_dir, rank, recorded[rank])
+    if (msrun_code != 0 or logged) and not unmatched:
+        for rank in ranks:
+            if rank not in recorded:  # msrun SIGKILLs the others once one has failed
+                recorded[rank], causes[rank] = as_exit_status(-signal.SIGKILL), STOPPED
+                record_exit(log_dir, rank, recorded[rank])
+    if first_failed is not None:
+        code = recorded[first_failed]
+    else:
+        code = worst_exit_code([c for r, c in recorded.items() if causes.get(r) != STOPPED]
+                               + [raw for _, raw in unmatched])
     if code == 0 and msrun_code != 0:
         code = as_exit_status(msrun_code)
-    return LaunchResult(code, recorded, msrun_code, log_dir, command)
+    return LaunchResult(code, recorded, msrun_code, log_dir, command, causes, first_failed, unmatched)
+
+
+def _msrun_failures(log_dir: Path) -> list[tuple[int, int]]:
+    """(pid, Popen return code) of each worker msrun logged as failed, in its order."""
+    try:
+        text = (log_dir / MSRUN_LOG).read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [(int(pid), int(code)) for pid, code in _MSRUN_CODE.findall(text)]
+
+
+def _signal_cause(raw: int) -> str | None:
+    """'was killed by SIGKILL (exit 137)' for a Popen return code -9."""
+    if raw >= 0:
+        return None
+    try:
+        name = signal.Signals(-raw).name
+    except ValueError:
+        name = f"signal {-raw}"
+    return f"was killed by {name} (exit {as_exit_status(raw)})"
 
 
 def _worker_env(log_dir: Path, extra: dict | None) -> dict:
@@ -205,7 +269,8 @@ def _wait(proc: subprocess.Popen, log_dir: Path, ranks: list[int], echo) -> int:
         for line in follow.new_lines():
             if line.startswith(PROGRESS_PREFIX):
                 echo(line)
-        if failed_at is None and any(_read_code(exit_file(log_dir, r)) not in (None, 0) for r in ranks):
+        if failed_at is None and (any(_read_code(exit_file(log_dir, r)) not in (None, 0) for r in ranks)
+                                  or _msrun_failures(log_dir)):  # a worker killed outright leaves no file
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace:
             _stop(proc)  # msrun still waits on its scheduler for a rank that is gone
@@ -256,7 +321,8 @@ def _read_code(path: Path) -> int | None:
         return None
 
 
-def _first_error(log: Path) -> str:
+def _last_words(log: Path) -> str:
+    """': <its error line>' if the worker printed one, else '; last log line: <line>'."""
     try:
         text = log.read_text(errors="replace")
     except FileNotFoundError:
@@ -264,5 +330,6 @@ def _first_error(log: Path) -> str:
     for line in text.splitlines():
         if line.startswith("migrate: error:"):
             return f": {line[len('migrate: error:'):].strip()}"
+    # MindSpore's own log lines start with "[LEVEL]"; the worker's lines and Python's do not.
     tail = [line for line in text.splitlines() if line.strip() and not line.startswith("[")][-1:]
-    return f": {tail[0].strip()[:200]}" if tail else ""
+    return f"; last log line: {tail[0].strip()[:200]}" if tail else ""

@@ -511,6 +511,7 @@ def check_resumable(checkpoint, cfg: RunConfig, faults, layout: Layout | None = 
     the run order, the loss and the gradient are functions of the global batch alone.
     """
     layout = layout or run_layout(cfg)
+    _check_resume_state(checkpoint)
     saved = checkpoint.state.get("config", {})
     now = cfg.to_dict()
     saved_parallel = checkpoint.state.get("parallel") or {"global_batch": saved.get("micro_batch_size", 0)
@@ -528,6 +529,30 @@ def check_resumable(checkpoint, cfg: RunConfig, faults, layout: Layout | None = 
                            f"{checkpoint.state.get('faults')}, this run has {list(faults)}")
     if checkpoint.step > cfg.total_steps:
         raise MigrateError(f"checkpoint {checkpoint.path} is at step {checkpoint.step}, past total_steps")
+
+
+RESUME_STATE = ("step", "scheduler_step", "optimizer_step", "tokens", "elapsed", "config")
+
+
+def _check_resume_state(checkpoint) -> None:
+    """What a resume reads from trainer_state.json and rng_state.json is there and well-formed
+    (a checkpoint too old for a manifest can still be damaged): one line naming the file."""
+    from migrate.train.ckpt import RNG_FILE, STATE_FILE
+
+    lacking = [k for k in RESUME_STATE if k not in checkpoint.state]
+    if lacking:
+        raise MigrateError(f"cannot resume from {checkpoint.path}: {STATE_FILE} lacks {', '.join(lacking)}")
+    rng = checkpoint.state.get("rng")
+    try:
+        version, internal, _ = rng["python"]
+        _, keys, pos, _, _ = rng["numpy"]
+        ok = (isinstance(version, int) and len(internal) == 625 and len(keys) == 624 and isinstance(pos, int)
+              and isinstance(rng["mindspore"]["state"], list))
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise MigrateError(f"cannot resume from {checkpoint.path}: {RNG_FILE} does not hold the Python, numpy and "
+                           f"MindSpore generator states")
 
 
 def _finite(x: float):

@@ -7,19 +7,24 @@ cluster's meta server and never returns -- so joining the cluster is the first
 thing done, before any file is touched.
 
 Each worker writes its exit code to LOG_DIR/worker_<rank>.exit (atomically)
-as it ends, so the launcher can report the worst one: msrun itself only says
-that some worker failed.
+as it ends, so the launcher can report it: msrun itself only says
+that some worker failed. A worker killed outright (SIGKILL, the OOM killer)
+writes nothing; so each also writes LOG_DIR/worker_<rank>.pid as it starts,
+and the launcher matches the pid msrun logs for a dead worker to its rank.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 
-# Test hook: "RANK:CODE" makes that rank exit with CODE right after joining the cluster.
+# Test hooks. "RANK:CODE": that rank exits with CODE right after joining the cluster.
 FAULT_ENV = "MIGRATE_TEST_WORKER_EXIT"
+# "RANK:STEP": that rank SIGKILLs itself right after logging optimizer step STEP.
+KILL_ENV = "MIGRATE_TEST_WORKER_KILL"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,6 +47,10 @@ def exit_file(log_dir: str | Path, rank: int) -> Path:
     return Path(log_dir) / f"worker_{rank}.exit"
 
 
+def pid_file(log_dir: str | Path, rank: int) -> Path:
+    return Path(log_dir) / f"worker_{rank}.pid"
+
+
 def record_exit(log_dir: str | Path, rank: int, code: int) -> None:
     from migrate.checkpoints.atomic import atomic_write_text
 
@@ -51,6 +60,10 @@ def record_exit(log_dir: str | Path, rank: int, code: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK_ID", "-1"))
+    if os.environ.get("MS_ROLE") != "MS_SCHED" and rank >= 0:  # msrun exports RANK_ID (we pass --node_rank)
+        from migrate.checkpoints.atomic import atomic_write_text
+
+        atomic_write_text(pid_file(args.log_dir, rank), f"{os.getpid()}\n")
     code = 1
     try:
         code = _run(args)
@@ -103,8 +116,14 @@ def _run(args) -> int:
 
     prefix = f"migrate[rank {parallel.rank}]"
     print(f"{prefix}: joined {parallel.size} ranks; {layout.batch_line(cfg.seq_length)}", flush=True)
-    train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel,
-          log=lambda line: print(f"{prefix}: {line}", flush=True))
+    kill_at = _kill_step(parallel.rank)
+
+    def log(line: str) -> None:
+        print(f"{prefix}: {line}", flush=True)
+        if kill_at is not None and line.startswith(f"step {kill_at}/"):
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook: die as the OOM killer would, mid-run
+
+    train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel, log=log)
     print(f"{prefix}: done", flush=True)
     return 0
 
@@ -116,6 +135,15 @@ def _fault_hook(rank: int) -> None:
         if fault_rank == rank:
             print(f"migrate[rank {rank}]: {FAULT_ENV} asks for exit code {code}", flush=True)
             raise SystemExit(code)
+
+
+def _kill_step(rank: int) -> int | None:
+    spec = os.environ.get(KILL_ENV)
+    if spec:
+        kill_rank, step = (int(x) for x in spec.split(":"))
+        if kill_rank == rank:
+            return step
+    return None
 
 
 if __name__ == "__main__":
