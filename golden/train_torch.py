@@ -112,6 +112,44 @@ def build_scaler(cfg: RunConfig):
                                 backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval)
 
 
+def live_facts(model, autocast) -> dict:
+    """Read from the live model, with the meaning and keys of `migrate train`'s `live_shared`:
+    parameter dtypes; the dtype the linear layers of each decoder layer and the LM head compute
+    in under the run's autocast (their output dtype in a two-token probe forward, in eval mode
+    and without grad: no dropout, no RNG drawn, nothing kept); the decoder layers whose
+    gradient checkpointing flag is set."""
+    layers, seen, hooks = list(model.base_model.layers), {}, []
+
+    def watch(key, module):
+        for sub in module.modules():
+            if isinstance(sub, torch.nn.Linear):
+                hooks.append(sub.register_forward_hook(
+                    lambda _m, _args, out, key=key: seen.setdefault(key, set()).add(_dtype_name(out.dtype))))
+
+    for i, layer in enumerate(layers):
+        watch(i, layer)
+    watch("lm_head", model.get_output_embeddings())
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), _autocast(autocast):
+            model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=model.device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(training)
+    return {
+        "parameter_dtypes": sorted({_dtype_name(p.dtype) for p in model.parameters()}),
+        "linear_compute_dtypes": {"decoder_layers": [sorted(seen.get(i, ())) for i in range(len(layers))],
+                                  "lm_head": sorted(seen.get("lm_head", ()))},
+        "recompute_layers": [i for i, layer in enumerate(layers) if getattr(layer, "gradient_checkpointing", False)],
+    }
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) -> dict:
     """What the live objects will actually do, for `migrate hparams` to compare."""
     import transformers
@@ -153,6 +191,7 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
         "seed": cfg.seed,
         "data": {"dir": str(cfg.data), "shuffle_seed": cfg.shuffle_seed,
                  "order": "epoch e = numpy.random.default_rng([seed, e]).permutation(n)"},
+        "live_shared": live_facts(model, AUTOCAST[cfg.dtype]),  # `migrate train` records the same
     }
     if scaler is not None:
         out["loss_scale"] = {"init_scale": scaler.get_scale(), "growth_factor": scaler.get_growth_factor(),

@@ -282,6 +282,10 @@ def test_bf16_tracks_torch():
     print(f"\n[bert mlm bf16 pynative] logits cosine {cos:.7f}, max|diff| {np.abs(a - b).max():.2e}, "
           f"bit-equal {np.mean(a == b):.1%}, loss rel diff {loss_rel:.2e}")
     assert cos >= 0.999
+    # Measured: bit-identical logits and loss (seeds 0-3). Skipping the per-op rounding gives loss
+    # rel 1.1e-4 and 29 % bit-equal.
+    assert loss_rel <= 1e-6
+    assert np.mean(a == b) >= 0.9
 
 
 def test_config_round_trip_and_refusals(tmp_path):

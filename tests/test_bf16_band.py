@@ -68,6 +68,17 @@ def test_mindspore_bf16_is_inside_the_golden_noise_band(runs):
     assert c["clip"]["passed"] is True  # clipping acted on both sides, with the same coefficient
 
 
+def test_both_sides_run_the_linear_layers_in_bf16(runs):
+    # On this model bf16 moves the step-1 loss by ~2e-6 only, so the curves alone cannot tell a run
+    # without autocast from one with it; the live cells can (test_trainer's wide-init test measures it).
+    def live(run):
+        return json.loads((runs / run / "effective_hparams.json").read_text())["live_shared"]
+
+    assert live("ms") == live("golden") == live("ms_fault")
+    assert live("ms")["linear_compute_dtypes"] == {"decoder_layers": [["bfloat16"]] * 2, "lm_head": ["bfloat16"]}
+    assert live("ms")["parameter_dtypes"] == ["float32"]
+
+
 def test_the_band_fails_a_faulty_run_by_itself(runs):
     code, report = compare(runs, "ms_fault")
     c = checks(report)

@@ -276,6 +276,10 @@ def test_bf16_tracks_torch():
     print(f"\n[gpt2 bf16 pynative] logits cosine {cos:.7f}, max|diff| {np.abs(a - b).max():.2e}, "
           f"bit-equal {np.mean(a == b):.1%}, loss rel diff {loss_rel:.2e}")
     assert cos >= 0.999
+    # Measured: loss rel 3.7e-5 (at most 5.2e-5 over seeds 0-3), bit-equal 74.5 %. Skipping the
+    # per-op rounding gives loss rel 2.1e-4 and 28.6 % bit-equal.
+    assert loss_rel <= 1e-4
+    assert np.mean(a == b) >= 0.5
 
 
 def test_config_round_trip(tmp_path):

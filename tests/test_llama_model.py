@@ -291,6 +291,10 @@ def test_low_precision_smoke(dtype, mode):
     print(f"\n[{dtype} {mode:>8}] logits cosine {cos:.7f}, max|diff| {np.abs(a - b).max():.2e}, "
           f"bit-equal {np.mean(a == b):.1%}, loss rel diff {loss_rel:.2e}")
     assert cos >= 0.999
+    # Measured: loss rel 1.7e-5 (bf16, both modes), 1.2e-5 (fp16), at most 1.7e-5 over seeds 0-3;
+    # bit-equal 90.7 % / 72.1 %. Skipping the per-op rounding drops bit-equal to 22-23 %.
+    assert loss_rel <= 5e-5
+    assert np.mean(a == b) >= 0.5
 
 
 def test_bf16_backward_tracks_torch():

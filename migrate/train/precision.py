@@ -148,6 +148,17 @@ def autocast_model(model, dtype: str, rounding: bool = True):
     return model
 
 
+def compute_dtype(cell):
+    """The dtype a bundled-model cell computes in, read from the cell: what its results are
+    rounded to (autocast's dtype, or the model's own compute dtype when emulating it on CPU),
+    else its activation dtype."""
+    if getattr(cell, "ac_round", False):
+        return cell.ac_dtype
+    if getattr(cell, "emulate", False):
+        return cell.cdtype
+    return cell.act
+
+
 class DynamicLossScaler:
     """torch.amp.GradScaler's dynamic loss scale, stepped by the trainer (see the module docstring)."""
 

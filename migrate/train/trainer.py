@@ -83,6 +83,7 @@ from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, sav
                                 shard_staging_dir)
 from migrate.train.config import RunConfig
 from migrate.train.faults import check_faults, faulty_eps
+from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
 from migrate.train.precision import DynamicLossScaler, autocast_model
@@ -259,15 +260,17 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
                "bias_correction": g["bias_correction"], "names": list(g["names"]),
                "numel": int(sum(math.prod(p.shape) for p in g["params"]))} for g in opt.param_groups]
     sched = training.schedule
+    live = shared_record(training.model)
     out = {
         "side": "mindspore",
         "versions": {"mindspore": ms.__version__},
         "config": cfg.to_dict(),
         "faults": list(training.faults),
-        "model": {"class": type(training.model).__name__, "weights_dtype": "float32",
-                  "autocast": cfg.dtype if cfg.dtype != "fp32" else None,
+        # Read from the live cells, not the config: what the model that trains will do.
+        "model": {"class": type(training.model).__name__, "weights_dtype": _one_or_all(live["parameter_dtypes"]),
+                  "autocast": autocast_dtype(training.model),
                   "dropout": {"attention_dropout": training.model_config.attention_dropout},
-                  "recompute": bool(cfg.recompute),
+                  "recompute": bool(live["recompute_layers"]),
                   "tie_word_embeddings": bool(training.model_config.tie_word_embeddings),
                   "keymap": training.keymap.name},
         "optimizer": {"class": "migrate.train.optim.AdamW (torch.optim.AdamW semantics)",
@@ -284,6 +287,9 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
         "seed": cfg.seed,
         "data": {"dir": str(cfg.data), "shuffle_seed": cfg.shuffle_seed, "reader": "mindspore.dataset.MindDataset",
                  "sampler": "SubsetSampler over run_order"},
+        # The golden records live_shared from its torch model, same keys and meaning; the rest is ours alone.
+        "live_shared": live,
+        "live_mindspore_only": mindspore_only_record(training.model),
     }
     if training.scaler is not None:
         s = training.scaler
@@ -293,6 +299,10 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
     if peak is not None:
         out["throughput"] = peak
     return out
+
+
+def _one_or_all(names: list[str]):
+    return names[0] if len(names) == 1 else names
 
 
 # ---------- the run ----------
