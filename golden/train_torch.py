@@ -43,11 +43,13 @@ import torch  # noqa: E402
 
 from migrate.checkpoints.atomic import atomic_output_dir  # noqa: E402
 from migrate.data.samples import load_samples, read_meta, run_order  # noqa: E402
+from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
 from migrate.train.config import RunConfig  # noqa: E402
 from migrate.train.decay import hf_decay_names  # noqa: E402
 
-AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# "bf16" -> torch.bfloat16; fp32 runs without autocast
+AUTOCAST = {p.name: getattr(torch, p.compute) if p.low else None for p in PRECISIONS.values()}
 
 
 def seed_everything(seed: int) -> None:

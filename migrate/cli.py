@@ -11,6 +11,7 @@ import sys
 from migrate import __version__
 from migrate.errors import MigrateError
 from migrate.models.registry import TrustModelClassAction
+from migrate.dtype_names import NAMES
 
 
 def _cmd_convert(args) -> int:
@@ -76,9 +77,9 @@ def _cmd_diff(args) -> int:
         return 0
     if not (args.hf_dir and args.ms_dir):
         raise MigrateError("diff needs HF_DIR and MS_DIR")
-    from migrate.align.metrics import Thresholds
     from migrate.align.report import print_table, write_report
     from migrate.align.runner import compare
+    from migrate.align.thresholds import Thresholds
 
     thresholds = Thresholds.for_dtype(args.dtype).with_overrides(
         None, max_abs=args.max_abs, cosine=args.cosine, top1=args.top1, kl=args.kl
@@ -92,7 +93,7 @@ def _cmd_diff(args) -> int:
     if args.report:
         paths = write_report(report, args.report)
         console().print(f"report: {', '.join(str(p) for p in paths.values())}")
-    return 0 if report.passed else 1
+    return report.exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ms_dir", nargs="?")
     p.add_argument("--src", help="family whose keymap pairs the names (default: the one conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="both sides run in it")
+    p.add_argument("--dtype", choices=NAMES, default="fp32", help="both sides run in it")
     p.add_argument("--text", help="tokenize this text with the HF folder's tokenizer instead of random ids")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=16)

@@ -5,16 +5,12 @@ import numpy as np
 import pytest
 
 from migrate.align import metrics as M
-from migrate.align.metrics import (
-    Bounds,
-    Thresholds,
-    canonical_dtype,
-    generation_metrics,
-    judge,
-    logits_metrics,
-    tensor_metrics,
-)
+from migrate.align.checks import judge
+from migrate.align.metrics import generation_metrics, logits_metrics, tensor_metrics
+from migrate.align.thresholds import Bounds, Thresholds
 from migrate.errors import MigrateError
+from migrate.judge import fmt_cosine
+from migrate.dtype_names import canonical_dtype
 
 
 def rng(seed=0):
@@ -280,11 +276,11 @@ def test_judge_reasons_name_metric_and_value():
     passed, reason = judge(m, "hidden", Thresholds("fp32"))
     assert not passed
     first = reason.split("; ")[0]
-    assert first == f"cosine {M.fmt_cosine(m['cosine'])} < 0.99999"
+    assert first == f"cosine {fmt_cosine(m['cosine'])} < 0.99999"
     assert 0.9 < m["cosine"] < 0.95
     assert "max_abs" in reason and "× max|ref|" in reason
     # bf16: no max-abs bound, only cosine
-    assert judge(m, "hidden", "bf16")[1].startswith(f"cosine {M.fmt_cosine(m['cosine'])} < 0.999; within 5‰")
+    assert judge(m, "hidden", "bf16")[1].startswith(f"cosine {fmt_cosine(m['cosine'])} < 0.999; within 5‰")
     # a NaN metric is a failure
     assert judge({"cosine": math.nan, "max_abs": 0.0}, "hidden", "fp32")[0] is False
     # absent metrics are not checked

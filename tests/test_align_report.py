@@ -11,7 +11,6 @@ import pytest
 from rich.console import Console
 
 from migrate.checkpoints import atomic as _atomic
-from migrate.align.metrics import Thresholds
 from migrate.align.report import (
     REPORT_FILES,
     SCHEMA_VERSION,
@@ -22,6 +21,7 @@ from migrate.align.report import (
     read_report,
     write_report,
 )
+from migrate.align.thresholds import Thresholds
 from migrate.errors import MigrateError
 
 N_LAYERS = 5

@@ -343,7 +343,7 @@ def test_plot_is_png_and_written_atomically(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(atomic.os, "replace", boom)
-    monkeypatch.setattr(cmp, "render_plot", lambda result: b"\x89PNG new plot")  # skip a second render
+    monkeypatch.setattr(cmp.plot, "render_plot", lambda result: b"\x89PNG new plot")  # skip a second render
     with pytest.raises(OSError, match="disk full"):
         write_plot(compare_runs(g, g), out)
     assert out.read_bytes() == data

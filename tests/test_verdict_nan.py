@@ -19,7 +19,8 @@ from hf_fixtures import build_hf_model, save_hf_model
 from safetensors.torch import load_file, save_file
 
 from migrate.align import metrics as M
-from migrate.align.metrics import judge, logits_metrics, tensor_metrics
+from migrate.align.checks import judge
+from migrate.align.metrics import logits_metrics, tensor_metrics
 from migrate.align.report import Report
 from migrate.cli import main
 

@@ -1,10 +1,11 @@
 """Numerical alignment of a reference model and its converted counterpart.
 
-`metrics` compares plain numpy arrays (any float dtype, bf16 included) and
-judges them against per-dtype thresholds; `report` collects the judged
-entries in forward / backward order, finds the first divergence and writes
-the report files. Neither module knows anything about PyTorch or MindSpore:
-the runner that feeds them lives elsewhere.
+`migrate diff` is a client of `migrate.judge`: `metrics` compares plain numpy arrays
+(any float dtype, bf16 included), `thresholds` holds the per-dtype bounds, `checks`
+turns metrics into the judge's checks, and `report` collects the judged entries in
+forward / backward order, finds the first divergence and renders the report in every
+format. None of them knows anything about PyTorch or MindSpore: the runner that feeds
+them (`runner`, `hf_side`, `ms_side`, `faults`) lives beside them.
 """
 
 

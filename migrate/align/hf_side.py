@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from migrate.checkpoints.dtypes import torch_to_numpy
+from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}  # "bf16" -> torch.bfloat16
 # Model outputs compared after the hidden states, by HF's ModelOutput attribute name
 # (the bundled models return them in their `OUTPUTS` order): report name and kind.
 OUTPUTS = {

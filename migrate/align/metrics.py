@@ -1,4 +1,4 @@
-"""Tensor-by-tensor comparison metrics and pass/fail thresholds.
+"""Tensor-by-tensor comparison metrics: what `migrate diff` measures.
 
 Everything here works on plain numpy arrays and knows nothing of PyTorch or
 MindSpore. `ref` is always the reference side (the Hugging Face model), `got`
@@ -40,38 +40,24 @@ Rules (all documented values are module constants):
 * Shape mismatch is not an exception: the result carries ``error`` and is
   judged as failed.
 
-Thresholds: see `Bounds` and `Thresholds`; `judge` applies them.
+What passes: `align.thresholds` holds the per-dtype bounds, `align.checks` applies them.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
-
-from migrate.errors import MigrateError
 
 __all__ = [
     "NONFINITE_POSITIONS",
     "REL_FLOOR_FRACTION",
     "REL_FLOOR_MIN",
     "WITHIN_TOLERANCES",
-    "KINDS",
-    "Bounds",
-    "Thresholds",
-    "canonical_dtype",
     "tensor_metrics",
     "logits_metrics",
     "generation_metrics",
     "token_rows",
-    "judge",
-    "nonfinite_count",
-    "nonfinite_side",
-    "nonfinite_text",
-    "fmt_cosine",
-    "fmt_num",
 ]
 
 NONFINITE_POSITIONS = 5     # positions of NaN / Inf recorded per side (flat order)
@@ -79,8 +65,6 @@ REL_FLOOR_FRACTION = 1e-3   # floor of the relative-error denominator, as a shar
 REL_FLOOR_MIN = 1e-30       # absolute floor, so an all-zero reference still divides safely
 WITHIN_TOLERANCES = (1e-3, 5e-3)  # reported as "within_1e-3", "within_5e-3"
 CHUNK_ELEMENTS = 1 << 22    # elements upcast to float64 at a time (32 MiB per array)
-
-KINDS = ("hidden", "logits", "loss", "grad", "param_after_step", "generation")
 
 _FINITE, _NAN, _POSINF, _NEGINF = 0, 1, 2, 3
 
@@ -103,7 +87,8 @@ def _as_array(x: Any, side: str) -> np.ndarray:
     return arr
 
 
-def _chunks(n: int, size: int = CHUNK_ELEMENTS):
+def _chunks(n: int, size: int | None = None):
+    size = size or CHUNK_ELEMENTS  # read at call time, so the chunk size can be changed (tests do)
     for start in range(0, n, size):
         yield start, min(n, start + size)
 
@@ -409,384 +394,3 @@ def generation_metrics(ref_tokens: Any, got_tokens: Any) -> dict:
         "ref_token": at(ra, diff_row, first) if first is not None else None,
         "got_token": at(rb, diff_row, first) if first is not None else None,
     }
-
-
-# --------------------------------------------------------------------------- thresholds
-
-def canonical_dtype(dtype: Any) -> str:
-    """'fp32' / 'bf16' / 'fp16' for the usual spellings (numpy dtypes, 'torch.bfloat16',
-    'mindspore.float16', 'float32', 'half', ...). Anything else is a MigrateError."""
-    if isinstance(dtype, str):
-        name = dtype
-    elif isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic)):
-        name = np.dtype(dtype).name
-    else:
-        name = str(dtype)
-    key = name.strip().lower().rsplit(".", 1)[-1]
-    aliases = {
-        "fp32": "fp32", "float32": "fp32", "f32": "fp32", "float": "fp32", "single": "fp32",
-        "bf16": "bf16", "bfloat16": "bf16",
-        "fp16": "fp16", "float16": "fp16", "f16": "fp16", "half": "fp16",
-    }
-    if key not in aliases:
-        raise MigrateError(f"unknown dtype {dtype!r} for thresholds: expected fp32, bf16 or fp16")
-    return aliases[key]
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """Pass criteria for one kind of entry at one dtype. None = not checked.
-
-    * ``max_abs`` / ``max_abs_rel``: max|ref - got| must not exceed
-      ``max(max_abs, max_abs_rel * max|ref|)`` -- an absolute bound for tensors
-      of unit scale that grows with the tensor's peak magnitude, so it stays a
-      fixed number of ulps of the peak. With one of the two None only the
-      other applies.
-    * ``cosine``: cosine >= bound. Not checked when both sides' peak magnitude
-      is within ``max_abs`` (the tensor is zero at that tolerance and has no
-      direction to compare).
-    * ``top1``: share of positions with the same argmax >= bound (logits).
-    * ``kl``: mean KL(softmax(ref) || softmax(got)) <= bound (logits).
-    * ``match``: greedy generation; the share of steps before the first
-      differing token >= bound (1.0: identical generations).
-    * ``within``: share of elements within 5‰ relative error (the zero-safe
-      rule of `tensor_metrics`) >= bound. In low precision this catches a
-      systematic one-ulp drift -- an op computed in bf16 that HF computes in
-      fp32 -- which leaves the cosine near 1 but moves half of the elements.
-    A bound whose metric is absent from the metrics dict is not applied.
-    """
-
-    max_abs: float | None = None
-    max_abs_rel: float | None = None
-    cosine: float | None = None
-    top1: float | None = None
-    kl: float | None = None
-    match: float | None = None
-    within: float | None = None
-
-    def max_abs_bound(self, ref_max_abs: float) -> float | None:
-        if self.max_abs is None and self.max_abs_rel is None:
-            return None
-        parts = []
-        if self.max_abs is not None:
-            parts.append(self.max_abs)
-        if self.max_abs_rel is not None and math.isfinite(ref_max_abs):
-            parts.append(self.max_abs_rel * ref_max_abs)
-        return max(parts) if parts else 0.0
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def _b(**kw) -> Bounds:
-    return Bounds(**kw)
-
-
-# Defaults. Reference points from the field: Hugging Face's cross-framework tests
-# use max abs <= 1e-5 on outputs (fp32, tiny models); msprobe flags cosine < 0.99.
-# fp32: 1e-5 "in units of max(1, max|ref|)" and cosine >= 1 - 1e-5 everywhere;
-#       gradients are judged relative to their peak (1e-4 * max|ref|, floor 1e-7)
-#       because gradients of small models are often ~1e-3, where an absolute 1e-5
-#       would allow a 1 % error. Greedy generation must be identical.
-# bf16: no max-abs bound on tensors (8 mantissa bits: one ulp at 4.0 is 0.03);
-#       cosine >= 0.999, top-1 >= 0.99, KL <= 1e-2; gradients cosine >= 0.99;
-#       hidden states and logits: >= 90 % of elements within 5‰ (one bf16 ulp
-#       is 0.4-0.8 %), which a correct port meets and a missing fp32 upcast breaks.
-# fp16: in between (10 mantissa bits).
-# In bf16 / fp16 free-running generation is reported but not judged: one near-tie
-# flip changes every later token, so it measures luck more than correctness; the
-# teacher-forced top-1 / KL on the logits are the judged signal there.
-_DEFAULTS: dict[str, dict[str, Bounds]] = {
-    "fp32": {
-        "hidden": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999),
-        "logits": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999, top1=0.999, kl=1e-7),
-        "loss": _b(max_abs=1e-5, max_abs_rel=1e-5),
-        "grad": _b(max_abs=1e-7, max_abs_rel=1e-4, cosine=0.99999),
-        "param_after_step": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999),
-        "generation": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999, top1=0.999, kl=1e-7,
-                         match=1.0),
-    },
-    "fp16": {
-        "hidden": _b(max_abs=1e-2, max_abs_rel=1e-2, cosine=0.9999, within=0.9),
-        "logits": _b(max_abs=1e-2, max_abs_rel=1e-2, cosine=0.9999, top1=0.995, kl=1e-3, within=0.9),
-        "loss": _b(max_abs=1e-3, max_abs_rel=1e-3),
-        "grad": _b(cosine=0.999),
-        "param_after_step": _b(cosine=0.9999),
-        "generation": _b(max_abs=1e-2, max_abs_rel=1e-2, cosine=0.9999, top1=0.995, kl=1e-3),
-    },
-    "bf16": {
-        "hidden": _b(cosine=0.999, within=0.9),
-        "logits": _b(cosine=0.999, top1=0.99, kl=1e-2, within=0.9),
-        "loss": _b(max_abs=1e-2, max_abs_rel=1e-2),
-        "grad": _b(cosine=0.99),
-        "param_after_step": _b(cosine=0.999),
-        "generation": _b(cosine=0.999, top1=0.99, kl=1e-2),
-    },
-}
-
-_BOUND_FIELDS = tuple(f.name for f in dataclasses.fields(Bounds))
-# Kinds a kind-less override reaches (a kind-specific override reaches its kind).
-_APPLIES_TO = {
-    "max_abs": KINDS,
-    "max_abs_rel": KINDS,
-    "cosine": ("hidden", "logits", "grad", "param_after_step", "generation"),
-    "top1": ("logits", "generation"),
-    "kl": ("logits", "generation"),
-    "match": ("generation",),
-    "within": ("hidden", "logits", "param_after_step", "generation"),
-}
-
-
-def _check_override(name: str, value: float) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise MigrateError(f"threshold {name}: {value!r} is not a number") from None
-    if math.isnan(v):
-        raise MigrateError(f"threshold {name}: NaN is not a valid bound")
-    if name == "cosine" and not -1.0 <= v <= 1.0:
-        raise MigrateError(f"threshold cosine must lie in [-1, 1], got {v}")
-    if name in ("top1", "match", "within") and not 0.0 <= v <= 1.0:
-        raise MigrateError(f"threshold {name} must lie in [0, 1], got {v}")
-    if name in ("max_abs", "max_abs_rel", "kl") and v < 0:
-        raise MigrateError(f"threshold {name} must be >= 0, got {v}")
-    return v
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Per-kind `Bounds` for one dtype ('fp32', 'bf16' or 'fp16').
-
-    ``Thresholds("bf16")`` gives the defaults; any kind passed explicitly
-    replaces its default. Use `with_overrides` / `with_cli_overrides` for
-    user-supplied values.
-    """
-
-    dtype: str = "fp32"
-    hidden: Bounds | None = None
-    logits: Bounds | None = None
-    loss: Bounds | None = None
-    grad: Bounds | None = None
-    param_after_step: Bounds | None = None
-    generation: Bounds | None = None
-
-    def __post_init__(self):
-        dt = canonical_dtype(self.dtype)
-        object.__setattr__(self, "dtype", dt)
-        for kind in KINDS:
-            value = getattr(self, kind)
-            if value is None:
-                object.__setattr__(self, kind, _DEFAULTS[dt][kind])
-            elif isinstance(value, Mapping):
-                object.__setattr__(self, kind, Bounds(**value))
-
-    @classmethod
-    def for_dtype(cls, dtype: Any) -> "Thresholds":
-        return cls(dtype)
-
-    def bounds(self, kind: str) -> Bounds:
-        if kind not in KINDS:
-            raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
-        return getattr(self, kind)
-
-    def with_overrides(self, kind: str | None = None, **values: float | None) -> "Thresholds":
-        """A copy with some bounds replaced (values that are None are left alone).
-
-        ``kind=None`` applies each value to every kind it makes sense for
-        (top1 / kl: logits and generation; match: generation; cosine: all but
-        loss; max_abs: all). Semantics, for CLI flags:
-
-        * giving ``max_abs`` without ``max_abs_rel`` makes the bound purely
-          absolute (the default peak-relative part is dropped): an explicit
-          ``--max-abs 1e-4`` means exactly max abs <= 1e-4;
-        * ``math.inf`` for max_abs / kl, -1 for cosine, 0 for top1 / match
-          disable a check.
-        """
-        unknown = set(values) - set(_BOUND_FIELDS)
-        if unknown:
-            raise MigrateError(
-                f"unknown threshold {', '.join(sorted(unknown))}; expected {', '.join(_BOUND_FIELDS)}"
-            )
-        if kind is not None and kind not in KINDS:
-            raise MigrateError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
-        given = {k: _check_override(k, v) for k, v in values.items() if v is not None}
-        if not given:
-            return self
-        if "max_abs" in given and "max_abs_rel" not in given:
-            given["max_abs_rel"] = None
-        changes = {}
-        for k in KINDS:
-            if kind is not None and k != kind:
-                continue
-            fields = {
-                f: v for f, v in given.items()
-                if kind is not None or k in _APPLIES_TO[f]
-            }
-            if fields:
-                changes[k] = dataclasses.replace(getattr(self, k), **fields)
-        return dataclasses.replace(self, **changes)
-
-    def with_cli_overrides(self, specs: Iterable[str]) -> "Thresholds":
-        """Apply ``NAME=VALUE`` or ``KIND.NAME=VALUE`` strings, e.g. ``cosine=0.9999``,
-        ``logits.top1=0.98``, ``grad.max-abs=1e-6``. Bad specs are a MigrateError."""
-        out = self
-        for spec in specs:
-            key, sep, value = str(spec).partition("=")
-            if not sep or not key.strip() or not value.strip():
-                raise MigrateError(f"threshold override {spec!r}: expected NAME=VALUE or KIND.NAME=VALUE")
-            kind, _, name = key.strip().rpartition(".")
-            name = name.replace("-", "_")
-            kind = kind.replace("-", "_") or None
-            if name == "top_1":
-                name = "top1"
-            out = out.with_overrides(kind, **{name: value.strip()})
-        return out
-
-    def to_dict(self) -> dict:
-        return {"dtype": self.dtype, **{k: getattr(self, k).to_dict() for k in KINDS}}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Thresholds":
-        return cls(data.get("dtype", "fp32"),
-                   **{k: Bounds(**data[k]) for k in KINDS if data.get(k) is not None})
-
-
-# --------------------------------------------------------------------------- judging
-
-def fmt_num(x: Any, digits: int = 2) -> str:
-    """Compact scientific formatting: 3.2e-04, 0, nan, inf, — for None."""
-    if x is None:
-        return "—"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, int):
-        return str(x)
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    return f"{x:.{digits}e}"
-
-
-def fmt_cosine(c: Any) -> str:
-    """Cosine with enough decimals to show its distance from 1: 0.93, 0.99999, 0.9999999."""
-    if c is None:
-        return "—"
-    c = float(c)
-    if math.isnan(c):
-        return "nan"
-    if c >= 1.0:
-        return "1"
-    gap = 1.0 - c
-    if gap < 1e-9:
-        return f"1-{gap:.1e}"
-    decimals = max(math.ceil(-math.log10(gap)) + 1, 2) if gap < 1 else 2
-    text = f"{c:.{decimals}f}".rstrip("0")
-    return text + "0" if text.endswith(".") else text
-
-
-def _fmt_share(x: float) -> str:
-    return f"{x:.4g}"
-
-
-def _bad(x: Any) -> bool:
-    return isinstance(x, float) and math.isnan(x)
-
-
-def nonfinite_count(metrics: Mapping[str, Any]) -> int:
-    """NaN and Inf elements on both sides together (0 for metrics without the counts)."""
-    return sum(int(metrics.get(k) or 0) for k in ("nan_ref", "inf_ref", "nan_got", "inf_got"))
-
-
-def _positions(at: Any, limit: int, count: int) -> str:
-    """The first `limit` positions, with "…" when the side holds more than are shown."""
-    at = list(at or [])
-    text = ", ".join(str(list(i)) for i in at[:limit])
-    return text + (", …" if text and count > min(limit, len(at)) else "")
-
-
-def nonfinite_side(metrics: Mapping[str, Any], side: str, positions: int = 3) -> str:
-    """One side's ("ref" / "got") NaN / Inf: "finite", or "3 NaN, 1 Inf of 40 at [0, 2], [1, 0], …"."""
-    nan, inf = int(metrics.get(f"nan_{side}") or 0), int(metrics.get(f"inf_{side}") or 0)
-    if not nan and not inf:
-        return "finite"
-    counts = ", ".join(t for t in (nan and f"{nan} NaN", inf and f"{inf} Inf") if t)
-    of = f" of {metrics['numel']}" if metrics.get("numel") is not None else ""
-    at = _positions([i for i in metrics.get(f"nonfinite_{side}_at") or [] if i], positions, nan + inf)  # []: scalar
-    return f"{counts}{of}" + (f" at {at}" if at else "")
-
-
-def nonfinite_text(metrics: Mapping[str, Any], ref_label: str = "ref", got_label: str = "got",
-                   positions: int = 3) -> str:
-    """"NaN/Inf at 3 positions on one side (ref: finite | got: 3 NaN of 10 at [2], [5], [7])".
-
-    Counts and first positions per side; whether the sides agree on the positions.
-    Never contains "; " (the separator of `judge`'s reasons)."""
-    mism = metrics.get("nonfinite_mismatches")
-    match = metrics.get("nonfinite_match")
-    if match is False:
-        head = f"NaN/Inf positions differ at {mism if mism is not None else '?'} positions"
-    else:
-        head = "NaN/Inf at the same positions on both sides" if match else "NaN/Inf"
-    return (f"{head} ({ref_label}: {nonfinite_side(metrics, 'ref', positions)} | "
-            f"{got_label}: {nonfinite_side(metrics, 'got', positions)})")
-
-
-def judge(metrics: Mapping[str, Any], kind: str, thresholds: Thresholds | str) -> tuple[bool, str | None]:
-    """Apply ``thresholds.bounds(kind)`` to a metrics dict.
-
-    Returns ``(passed, reason)``; reason is None when passed, otherwise every
-    failing check, most fundamental first, joined by "; " -- e.g.
-    ``"cosine 0.93 < 0.99999; max_abs 3.10e-01 > 2.66e-05 = 1e-05 × max|ref| 2.66"``.
-    Order: shape/other error, NaN/Inf, cosine, max_abs, top1, kl, match.
-    Any NaN or Inf element, on either side, fails by itself (`nonfinite_text`).
-    A metric that is None (not measured) is skipped; a NaN metric fails.
-    """
-    if not isinstance(thresholds, Thresholds):
-        thresholds = Thresholds(thresholds)
-    b = thresholds.bounds(kind)
-    if metrics.get("error"):
-        return False, str(metrics["error"])
-    fails: list[str] = []
-    if nonfinite_count(metrics):
-        fails.append(nonfinite_text(metrics))
-
-    cos = metrics.get("cosine")
-    if b.cosine is not None and cos is not None:
-        peak = max(float(metrics.get("ref_max_abs") or 0.0), float(metrics.get("got_max_abs") or 0.0))
-        zero = b.max_abs is not None and peak <= b.max_abs
-        if _bad(cos) or (not zero and cos < b.cosine):
-            fails.append(f"cosine {fmt_cosine(cos)} < {fmt_cosine(b.cosine)}")
-
-    mab = metrics.get("max_abs")
-    if mab is not None:
-        ref_peak = float(metrics.get("ref_max_abs") or 0.0)
-        bound = b.max_abs_bound(ref_peak)
-        if bound is not None and (_bad(mab) or mab > bound):
-            text = f"max_abs {fmt_num(mab)} > {fmt_num(bound)}"
-            if b.max_abs_rel is not None and (b.max_abs is None or bound > b.max_abs):
-                text += f" = {b.max_abs_rel:g} × max|ref| {ref_peak:.3g}"
-            fails.append(text)
-
-    within = metrics.get("within_5e-3")
-    if b.within is not None and within is not None and (_bad(within) or within < b.within):
-        fails.append(f"within 5‰ {within:.1%} < {b.within:.0%}")
-
-    top1 = metrics.get("top1")
-    if b.top1 is not None and top1 is not None and (_bad(top1) or top1 < b.top1):
-        fails.append(f"top1 {_fmt_share(top1)} < {_fmt_share(b.top1)}")
-
-    kl = metrics.get("kl")
-    if b.kl is not None and kl is not None and (_bad(kl) or kl > b.kl):
-        fails.append(f"kl {fmt_num(kl)} > {fmt_num(b.kl, 0)}")
-
-    share = metrics.get("match_share")
-    if b.match is not None and share is not None and share < b.match:
-        fails.append(
-            f"generation differs at step {metrics.get('first_diff_step')} of {metrics.get('steps')} "
-            f"(matching prefix {share:.0%} < {b.match:.0%})"
-        )
-    return (not fails), ("; ".join(fails) if fails else None)

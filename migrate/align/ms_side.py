@@ -9,8 +9,7 @@ import numpy as np
 
 from migrate.errors import MigrateError
 from migrate.models.loading import load_model
-
-COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from migrate.dtype_names import PRECISIONS
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -20,7 +19,7 @@ def _as_numpy(t) -> np.ndarray:
 class MSSide:
     def __init__(self, ms_dir: Path, dtype: str, seed: int):
         ms.set_seed(seed)
-        self.model, self.config = load_model(ms_dir, compute_dtype=COMPUTE_DTYPES[dtype])
+        self.model, self.config = load_model(ms_dir, compute_dtype=PRECISIONS[dtype].compute)
         self.model.set_train(False)  # dropout off
         # What the model returns before its hidden states, by HF output name.
         self.outputs = tuple(getattr(type(self.model), "OUTPUTS", ("logits", "loss")))

@@ -12,6 +12,7 @@ import numpy as np
 from ml_dtypes import bfloat16
 
 from migrate.errors import MigrateError
+from migrate.dtype_names import PRECISIONS
 
 # safetensors dtype string <-> numpy dtype
 SAFETENSORS_TO_NUMPY = {
@@ -58,10 +59,10 @@ class DtypeTable(dict):
 
 NUMPY_TO_SAFETENSORS = DtypeTable({v: k for k, v in SAFETENSORS_TO_NUMPY.items()})
 
-# CLI spelling -> numpy dtype
-CLI_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(bfloat16)}
+# the numpy dtype of each precision `migrate.dtype_names` names (the order `convert --dtype` lists them)
+CLI_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": BF16}
 # numpy dtype -> model.yaml compute_dtype
-COMPUTE_DTYPE = DtypeTable({np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", BF16: "bfloat16"})
+COMPUTE_DTYPE = DtypeTable({dt: PRECISIONS[name].compute for name, dt in CLI_DTYPES.items()})
 
 
 def torch_dtype_name(dtype) -> str:
@@ -144,5 +145,5 @@ MS_TYPE_TO_NUMPY = {
 
 def short_name(dtype: np.dtype) -> str:
     """Human dtype name: fp32, bf16, int64..."""
-    names = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16", BF16: "bf16", np.dtype(np.float64): "fp64"}
+    names = {**{dt: name for name, dt in CLI_DTYPES.items()}, np.dtype(np.float64): "fp64"}
     return names.get(canonical(dtype), np.dtype(dtype).name)

@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 
 from migrate.errors import MigrateError
+from migrate.dtype_names import SPELLINGS
 from migrate.train.decay import NO_DECAY_RULES
 
-DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
 # Our schedule names, plus the HF names that mean the same thing.
 SCHEDULES = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear",
              "cosine": "cosine", "cosine_with_min_lr": "cosine"}
@@ -224,10 +224,10 @@ class RunConfig:
         _require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
         _require(self.peak_flops is None or (math.isfinite(self.peak_flops) and self.peak_flops > 0), "peak_flops",
                  f"must be a number > 0 (flop/s, e.g. 3.12e14), got {self.peak_flops}")
-        if self.dtype not in DTYPES:
-            raise _Bad("dtype", f"unknown dtype {self.dtype!r}{_did_you_mean(self.dtype, DTYPES)}; "
+        if self.dtype not in SPELLINGS:
+            raise _Bad("dtype", f"unknown dtype {self.dtype!r}{_did_you_mean(self.dtype, SPELLINGS)}; "
                                 f"use fp32, bf16 or fp16")
-        self.dtype = DTYPES[self.dtype]
+        self.dtype = SPELLINGS[self.dtype]
         _require(not self.eval_interval or self.eval_data is not None, "eval_data", "eval_interval needs eval_data")
         for name in ("optimizer", "schedule", "loss_scale", "out_dir"):
             getattr(self, name)._validate(name + ".")

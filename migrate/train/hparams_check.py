@@ -15,7 +15,7 @@ versions) are not, nor how a batch is split into ranks and micro-batches
 (the loss and gradient depend on the global batch alone). A knob
 absent from either file is listed as not compared. Values are compared
 exactly, floats to 1e-12 relative (they are configuration, not results),
-dtype spellings through one table (``bfloat16`` = ``bf16``).
+dtype spellings through `migrate.dtype_names` (``bfloat16`` = ``bf16``).
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from migrate.errors import MigrateError
+from migrate.judge import short
+from migrate.dtype_names import spelled
 
 FILE = "effective_hparams.json"
 REL = 1e-12
 _ABSENT = object()
-_DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
-           "float16": "fp16", "half": "fp16"}
 
 
 # ---------- reading knobs out of one file ----------
@@ -46,7 +46,7 @@ def _get(data: Any, *path: str) -> Any:
 def _dtype(value: Any) -> Any:
     """One spelling for dtypes ('bfloat16', 'mindspore.bfloat16', 'bf16' -> 'bf16'), inside lists too."""
     if isinstance(value, str):
-        return _DTYPES.get(value.lower().rsplit(".", 1)[-1], value)
+        return spelled(value) or value
     if isinstance(value, list):
         return [_dtype(v) for v in value]
     if isinstance(value, dict):
@@ -204,16 +204,6 @@ class HparamsCheck:
                        "detail": r.detail} for r in self.rows],
             "not_compared": self.not_compared,
         }
-
-
-def short(value: Any, limit: int = 60) -> str:
-    if isinstance(value, float):
-        text = f"{value:.6g}"
-    elif isinstance(value, list) and len(value) > 6 and all(isinstance(v, (int, float)) for v in value):
-        text = f"[{len(value)} values]"
-    else:
-        text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -1,0 +1,147 @@
+"""Reading a training run's metrics.jsonl into a `Run`.
+
+A path may be the metrics.jsonl file or the run folder holding it.
+
+Input
+-----
+One JSON object per line, as ``golden/train_torch.py`` writes them: ``step``
+(int >= 1), ``loss`` (number, or null when non-finite), ``lr`` (finite
+number), ``grad_norm`` (number or null); optional ``grad_norm_clipped`` (the
+total norm measured on the gradients after clipping; number or null),
+``tokens``, ``time``, and in fp16 ``skipped`` (bool) and ``loss_scale``. Blank lines are ignored. A missing
+or unreadable file, a line that is not a JSON object, a missing required key,
+a value of the wrong type and a step logged twice are `MigrateError`s naming
+``file:line`` (the CLI exits 2). So is a pair of runs with no step in common.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from migrate.errors import MigrateError
+
+__all__ = ["REQUIRED_KEYS", "Run", "read_metrics"]
+
+REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm")
+
+
+@dataclass
+class Run:
+    """One metrics.jsonl, sorted by step. Non-finite / null values are NaN."""
+
+    path: Path
+    steps: np.ndarray
+    loss: np.ndarray
+    lr: np.ndarray
+    grad_norm: np.ndarray
+    tokens: np.ndarray | None
+    time: np.ndarray | None
+    skipped: np.ndarray | None
+    loss_scale: np.ndarray | None
+    lines: np.ndarray  # 1-based line number of each step
+    grad_norm_clipped: np.ndarray | None = None  # total norm after clipping, where logged
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def span(self) -> str:
+        return f"steps {int(self.steps[0])}..{int(self.steps[-1])}" if len(self) else "no steps"
+
+
+def _resolve(path: Any, role: str) -> Path:
+    if path is None:
+        raise MigrateError(f"no {role} metrics file given")
+    p = Path(path)
+    if p.is_dir():
+        if (p / "metrics.jsonl").is_file():
+            return p / "metrics.jsonl"
+        raise MigrateError(f"{p}: a folder without metrics.jsonl ({role} run)")
+    if not p.exists():
+        raise MigrateError(f"{p}: no such file ({role} metrics)")
+    return p
+
+
+def _number(rec: dict, key: str, where: str, *, nullable: bool, optional: bool = False) -> float:
+    if key not in rec:
+        if optional:
+            return math.nan
+        raise MigrateError(f"{where}: missing key {key!r}")
+    v = rec[key]
+    if v is None:
+        if nullable or optional:
+            return math.nan
+        raise MigrateError(f"{where}: {key!r} is null; expected a number")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise MigrateError(f"{where}: {key!r} must be a number{' or null' if nullable else ''}, got {v!r}")
+    v = float(v)
+    if not nullable and not optional and not math.isfinite(v):
+        raise MigrateError(f"{where}: {key!r} must be finite, got {v!r}")
+    return v
+
+
+def read_metrics(path: Any, role: str = "metrics") -> Run:
+    """Parse a metrics.jsonl (or a run folder holding one) into a `Run`."""
+    p = _resolve(path, role)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise MigrateError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise MigrateError(f"{p}: cannot read ({e.strerror or e})") from None
+    rows: dict[int, tuple] = {}
+    seen_line: dict[int, int] = {}
+    has = {"tokens": False, "time": False, "skipped": False, "loss_scale": False, "grad_norm_clipped": False}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MigrateError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(rec, dict):
+            raise MigrateError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        for key in REQUIRED_KEYS:
+            if key not in rec:
+                raise MigrateError(f"{where}: missing key {key!r} (need {', '.join(REQUIRED_KEYS)})")
+        step = rec["step"]
+        if (isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step)
+                or step != int(step) or step < 1):
+            raise MigrateError(f"{where}: 'step' must be an integer >= 1, got {step!r}")
+        step = int(step)
+        if step in seen_line:
+            raise MigrateError(f"{where}: step {step} already logged on line {seen_line[step]}")
+        seen_line[step] = lineno
+        loss = _number(rec, "loss", where, nullable=True)
+        lr = _number(rec, "lr", where, nullable=False)
+        grad = _number(rec, "grad_norm", where, nullable=True)
+        tokens = _number(rec, "tokens", where, nullable=False, optional=True)
+        tm = _number(rec, "time", where, nullable=False, optional=True)
+        scale = _number(rec, "loss_scale", where, nullable=True, optional=True)
+        clipped = _number(rec, "grad_norm_clipped", where, nullable=True, optional=True)
+        skipped = rec.get("skipped", False)
+        if skipped is None:
+            skipped = False
+        if not isinstance(skipped, bool):
+            raise MigrateError(f"{where}: 'skipped' must be true or false, got {skipped!r}")
+        for key in has:
+            has[key] = has[key] or key in rec
+        rows[step] = (loss, lr, grad, tokens, tm, skipped, scale, lineno, clipped)
+    if not rows:
+        raise MigrateError(f"{p}: no metrics lines ({role} run)")
+    steps = np.array(sorted(rows), dtype=np.int64)
+    cols = list(zip(*(rows[s] for s in steps)))
+
+    def col(i, dtype=float):
+        return np.array(cols[i], dtype=dtype)
+
+    return Run(path=p, steps=steps, loss=col(0), lr=col(1), grad_norm=col(2),
+               tokens=col(3) if has["tokens"] else None, time=col(4) if has["time"] else None,
+               skipped=col(5, bool) if has["skipped"] else None,
+               loss_scale=col(6) if has["loss_scale"] else None, lines=col(7, np.int64),
+               grad_norm_clipped=col(8) if has["grad_norm_clipped"] else None)

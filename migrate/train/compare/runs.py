@@ -1,0 +1,116 @@
+"""`compare_runs`: read the golden and MindSpore metrics (and a noise run), pair them by step,
+apply every rule of `rules`, `drift` and `clip`, and return the `CompareResult`."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from migrate.errors import MigrateError
+from migrate.dtype_names import canonical_dtype
+from migrate.train.compare.clip import clip_check
+from migrate.train.compare.drift import drift_check
+from migrate.train.compare.metrics_log import Run, read_metrics
+from migrate.train.compare.result import CompareResult
+from migrate.train.compare.rules import (
+    agreement_rules,
+    band_factor,
+    coverage_rule,
+    grad_rules,
+    hparams_rule,
+    loss_rules,
+    lr_rule,
+    measure_noise,
+    noise_notes,
+)
+from migrate.train.compare.stats import at_steps, rel_diff, trailing_mean
+from migrate.train.compare.tolerances import Tolerances
+from migrate.train.hparams_check import cross_check
+
+__all__ = ["compare_runs"]
+
+
+def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: str = "fp32",
+                 tolerances: Tolerances | Mapping[str, Any] | None = None, *,
+                 allow_prefix: bool = False, hparams: tuple[Any, Any] | None = None) -> CompareResult:
+    """Read and compare the golden and MindSpore metrics (and optionally a noise run).
+
+    ``tolerances``: a `Tolerances`, or a mapping of overrides onto the dtype's
+    defaults (None values keep the default). ``hparams``: the two runs'
+    effective_hparams.json (golden's first); by default the files beside the
+    two metrics.jsonl, and the cross-check is skipped, saying so, where one is
+    missing. Raises `MigrateError` on bad input.
+    """
+    dt = canonical_dtype(dtype)
+    tol = Tolerances.for_dtype(dt)
+    if isinstance(tolerances, Tolerances):
+        tol = dataclasses.replace(tolerances, dtype=dt)
+    elif tolerances is not None:
+        tol = tol.with_overrides(**dict(tolerances))
+    golden = read_metrics(golden_path, "golden")
+    ms = read_metrics(ms_path, "MindSpore")
+    noise = read_metrics(noise_path, "noise") if noise_path is not None else None
+
+    res = _paired(golden, ms, noise, tol, allow_prefix)
+    res.hparams = cross_check(golden.path, ms.path, hparams)
+    checks = [hparams_rule(res.hparams, res)]
+    checks += coverage_rule(golden, ms, res)
+    checks += agreement_rules(golden, ms, res)
+    if noise is not None:
+        measure_noise(noise, res)
+    k = band_factor(res, noise is not None)
+    checks += loss_rules(res, k)
+    drift = drift_check(res.steps, res.loss_golden, res.loss_ms, tol, res)
+    if drift is not None:
+        checks.append(drift)
+    checks.append(lr_rule(res))
+    checks += grad_rules(res, k)
+    clip = clip_check(golden, ms, noise, res.steps, tol, res)
+    if clip is not None:
+        checks.append(clip)
+
+    for c in checks:  # a disabled bound (inf) is reported, not judged
+        if c.limit is not None and isinstance(c.limit, float) and math.isinf(c.limit):
+            c.passed, c.step = None, None
+    res.checks = checks
+    if noise is not None:
+        noise_notes(res)
+    return res
+
+
+def _paired(golden: Run, ms: Run, noise: Run | None, tol: Tolerances, allow_prefix: bool) -> CompareResult:
+    """The two runs at their common steps: losses, lrs and grad norms side by side, with the
+    per-step rel diffs and the trailing window mean of the loss's."""
+    steps = np.intersect1d(golden.steps, ms.steps)
+    only_golden = [int(s) for s in np.setdiff1d(golden.steps, ms.steps)]
+    only_ms = [int(s) for s in np.setdiff1d(ms.steps, golden.steps)]
+    if not len(steps):
+        raise MigrateError(f"no step in common: {golden.path} has {golden.span()}, {ms.path} has {ms.span()}")
+
+    def g(arr, fill=np.nan):
+        return at_steps(golden, steps, arr, fill)
+
+    def m(arr, fill=np.nan):
+        return at_steps(ms, steps, arr, fill)
+
+    lg, lm = g(golden.loss), m(ms.loss)
+    rg, rm = g(golden.lr), m(ms.lr)
+    gg, gm = g(golden.grad_norm), m(ms.grad_norm)
+    sg = g(golden.skipped, False).astype(bool) if golden.skipped is not None else np.zeros(len(steps), bool)
+    sm = m(ms.skipped, False).astype(bool) if ms.skipped is not None else np.zeros(len(steps), bool)
+    loss_abs = np.abs(lm - lg)
+    loss_rel = rel_diff(lm, lg)
+    lr_rel = rel_diff(rm, rg)
+    grad_rel = rel_diff(gm, gg)
+    grad_rel[sg & sm] = np.nan  # both skipped: the overflowed norm is not a comparison
+    loss_window = trailing_mean(loss_rel, tol.window)
+
+    return CompareResult(golden_path=golden.path, ms_path=ms.path, noise_path=noise.path if noise else None,
+                         dtype=tol.dtype, tolerances=tol, allow_prefix=allow_prefix, steps=steps,
+                         loss_golden=lg, loss_ms=lm, loss_abs=loss_abs, loss_rel=loss_rel,
+                         lr_golden=rg, lr_ms=rm, lr_rel=lr_rel, grad_golden=gg, grad_ms=gm, grad_rel=grad_rel,
+                         skipped_golden=sg, skipped_ms=sm, loss_window=loss_window,
+                         only_golden=only_golden, only_ms=only_ms,
+                         golden_steps=len(golden), ms_steps=len(ms), noise_steps=len(noise) if noise else 0)
