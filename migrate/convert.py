@@ -30,16 +30,18 @@ from migrate.checkpoints import stream
 from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, SAFETENSORS_TO_NUMPY, cast_into, is_float, short_name
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
+from migrate.checkpoints.ms_ckpt import CRC_TRAILER, CkptWriter, record_bytes
+from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.sharding import (
     DEFAULT_MAX_SHARD, PROTOBUF_LIMIT, ShardedWriter, human, index_name, parse_size, plan_shards,
 )
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import resolve
-from migrate.keymap_check import coverage, target_model_config
+from migrate.keymap_check import coverage
 from migrate.models.config import ConfigIO
-from migrate.models.shapes import expected_shapes
 from migrate.sidecar import copy_sidecars, sidecars
 
 FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-file names
@@ -114,18 +116,17 @@ def convert(
 
 def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc, hash_sources,
              started):
-    out_dtype = _choose_dtype(ckpt, dtype, km.ignored(ms_fields))
-    ms_fields["compute_dtype"] = COMPUTE_DTYPE[out_dtype]
-    config = target_model_config(km, ms_fields)
-    fields = config.to_dict()
-    expected = expected_shapes(config, km.target)  # computed without importing MindSpore
+    plan = ConversionPlan.for_source(km, ms_fields)  # the target model's config, the rows, the names
+    out_dtype = _choose_dtype(ckpt, dtype, plan.ignored)
+    plan.set_compute_dtype(COMPUTE_DTYPE[out_dtype])
+    config, fields = plan.config, plan.fields
+    expected = plan.expected  # computed without importing MindSpore
 
-    groups, tied = km.groups(fields)
-    _check_coverage(ckpt, groups, tied, km.ignored(fields), expected, fields)
-    written_name = _checkpoint_names(km, fields, expected)
+    _check_coverage(ckpt, plan)
+    written_name = plan.written_name()
 
     position = {name: i for i, name in enumerate(expected)}
-    ordered = sorted(groups, key=lambda g: min(position.get(d, len(position)) for d in g.dst))
+    ordered = sorted(plan.groups, key=lambda g: min(position.get(d, len(position)) for d in g.dst))
     jobs = [job for group in ordered
             for job in _group_jobs(ckpt, group, out_dtype, not crc, fields, written_name)]
     shards = _plan(jobs, fmt, max_bytes, crc)
@@ -133,7 +134,7 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
     result = ConversionResult(out, out / FORMATS[fmt], config)
     inputs = (km.path, *_source_files(src, ckpt))
     with atomic_output_dir(out, overwrite=overwrite, command="convert", source=src, inputs=inputs) as tmp:
-        tied_records = _check_tied(ckpt, tied)  # before the long part: fail fast
+        tied_records = _check_tied(ckpt, plan.tied)  # before the long part: fail fast
         hasher = _SourceHasher(_source_files(src, ckpt), enabled=hash_sources)  # beside the conversion
         record_of = {written_name(d): _record(g, d) for g in ordered for d in g.dst}
         writer = ShardedWriter(tmp, fmt, shards, _writer_factory(fmt, jobs, crc),
@@ -173,7 +174,7 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
             "sources": sources,
             "tensors": result.records,
             "tied": tied_records,
-            "ignored": sorted(n for n in ckpt.specs if n in km.ignored(fields)),
+            "ignored": sorted(n for n in ckpt.specs if n in plan.ignored),
             "parameters": result.parameters,
             "copied": sidecars,
         }
@@ -243,27 +244,8 @@ def _record(group, dst: str) -> dict:
     return {"source": list(group.src), "layout": group.layout, "parameter": dst}
 
 
-def _checkpoint_names(km, fields: dict, expected) -> Callable[[str], str]:
-    """Model parameter name -> name written in the checkpoint (the same, unless the
-    keymap target renames: then every parameter must get a distinct name)."""
-    names = km.checkpoint_names(fields)
-    if not names:
-        return lambda name: name
-    unnamed = [name for name in expected if name not in names]
-    if unnamed:
-        raise MigrateError(f"keymap {km.name} target {km.target_name} gives no checkpoint name to "
-                           f"{', '.join(unnamed[:5])}")
-    taken = Counter(names[name] for name in expected)
-    twice = [name for name, n in taken.items() if n > 1]
-    if twice:
-        raise MigrateError(f"keymap {km.name} target {km.target_name} writes {twice[0]} twice")
-    return names.__getitem__
-
-
 def _plan(jobs, fmt, max_bytes, crc) -> list[list[str]]:
     if fmt == "ckpt":
-        from migrate.checkpoints.ms_ckpt import CRC_TRAILER, record_bytes
-
         sizes = [(job.name, record_bytes(job.name, job.dtype, job.shape)) for job in jobs]
         shards = plan_shards(sizes, max_bytes, fixed=CRC_TRAILER if crc else 0)
         size_of = dict(sizes)
@@ -283,11 +265,7 @@ def _writer_factory(fmt, jobs, crc):
 
     def open_writer(path, names):
         if fmt == "ckpt":
-            from migrate.checkpoints.ms_ckpt import CkptWriter
-
             return CkptWriter(path, crc=crc)
-        from migrate.checkpoints.ms_safetensors import SafetensorsWriter
-
         specs = [(name, by_name[name].dtype, by_name[name].shape) for name in names]
         return SafetensorsWriter(path, specs, metadata=metadata)
 
@@ -315,8 +293,9 @@ def _choose_dtype(ckpt, dtype: str, ignored: set[str] = frozenset()) -> np.dtype
     return next(iter(floats))
 
 
-def _check_coverage(ckpt, groups, tied, ignored, expected, fields: dict) -> None:
-    found = coverage(ckpt.specs, groups, tied, ignored, expected, fields)
+def _check_coverage(ckpt, plan: ConversionPlan) -> None:
+    found = coverage(ckpt.specs, plan)
+    groups = plan.groups
     if not found.complete:
         target_of = {s: ", ".join(g.dst) for g in groups for s in g.src}
         missing = [f"{s} (-> {target_of[s]})" for s in found.absent_source]

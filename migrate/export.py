@@ -17,11 +17,11 @@ from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
-from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
-from migrate.models.config import load_model_config
-from migrate.models.registry import MODEL_CLASS_FIELD
+from migrate.keymap import MODEL_CLASS_FIELD, TARGET_FIELD, recorded_keymap, resolve
+from migrate.models.registry import load_model_config
 from migrate.sidecar import copy_sidecars
 
 HF_WEIGHTS = "model.safetensors"
@@ -46,11 +46,11 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     check_output(out, overwrite=overwrite, source=ms_dir, inputs=(keymap_file,))
     config = load_model_config(ms_dir)
     ms_fields = config.to_dict()
-    km = resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields)
+    plan = ConversionPlan(resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields), config)
+    km = plan.keymap
     ckpt = open_ms_checkpoint(ms_dir)
 
-    groups, _tied = km.groups(ms_fields)
-    renamed = km.checkpoint_names(ms_fields)
+    groups, renamed = plan.groups, plan.checkpoint_names
     member = {}  # checkpoint name -> (group index, position among the group's targets)
     for i, group in enumerate(groups):
         for k, dst in enumerate(group.dst):
@@ -60,7 +60,7 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     unexpected = [name for name in ckpt.specs if name not in member]
     if missing or unexpected:
         raise CoverageError(missing, unexpected)
-    _check_shapes(ckpt, config, renamed, config.extra.get(MODEL_CLASS_FIELD) or km.target)
+    _check_shapes(ckpt, plan)
 
     specs = _hf_specs(ckpt, groups, member, ms_fields)
     hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k not in (MODEL_CLASS_FIELD, TARGET_FIELD)})
@@ -89,14 +89,13 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     return ExportResult(out, count, params, time.perf_counter() - started)
 
 
-def _check_shapes(ckpt, config, renamed: dict[str, str], model_class: str) -> None:
+def _check_shapes(ckpt, plan: ConversionPlan) -> None:
     """Every checkpoint tensor against the shape model.yaml implies, before anything is
     written: a model.ckpt from another model must not become an HF folder whose
     config.json says one width while its weights have another."""
-    from migrate.models.shapes import expected_shapes
-
+    renamed = plan.checkpoint_names
     wrong = []
-    for name, shape in expected_shapes(config, model_class).items():
+    for name, shape in plan.expected.items():
         spec = ckpt.specs.get(renamed.get(name, name))
         if spec is not None and tuple(spec[1]) != tuple(shape):
             wrong.append(f"{renamed.get(name, name)} {list(spec[1])} vs {list(shape)}")

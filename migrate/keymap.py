@@ -26,6 +26,7 @@ Beyond `params`, a keymap may hold:
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -34,11 +35,14 @@ from typing import Any
 
 from migrate.errors import MigrateError
 from migrate.keymap_schema import check_schema
-from migrate.models.registry import MODEL_CLASS_FIELD
 from migrate.safeyaml import clip, load_yaml, quote
+from migrate.transforms import get_layout
 
 KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS", Path(__file__).resolve().parent.parent / "keymaps"))
-TARGET_FIELD = "keymap_target"   # model.yaml field naming the keymap target a checkpoint was written for
+# The model.yaml fields through which a converted folder names what it was converted to
+# (`Keymap.for_model`): the bundled model class, and the keymap target its checkpoint is written for.
+MODEL_CLASS_FIELD = "model_class"
+TARGET_FIELD = "keymap_target"
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,6 @@ class Group:
     layout: str | None = None
 
     def transform(self):
-        from migrate.transforms import get_layout
-
         return get_layout(self.layout)
 
 
@@ -341,8 +343,6 @@ def _layout_spec(spec: dict, key: str) -> str | None:
     if layout is None:
         return None
     name = layout if isinstance(layout, str) else "+".join(layout)
-    from migrate.transforms import get_layout
-
     try:
         get_layout(name)
     except MigrateError as exc:
@@ -454,8 +454,6 @@ def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
 def recorded_keymap(ms_dir: str | Path) -> str:
     """The keymap a folder was made with: a converted folder's conversion.json, or a
     training checkpoint's trainer_state.json; hf_llama for a folder with neither."""
-    import json
-
     folder = Path(ms_dir)
     for name, keys in (("conversion.json", ("keymap", "name")), ("trainer_state.json", ("keymap",))):
         path = folder / name

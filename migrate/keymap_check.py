@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
-from migrate.keymap import TARGET_FIELD, Keymap, resolve
-from migrate.models.config import config_class
-from migrate.models.registry import MODEL_CLASS_FIELD, allow_model_class
+from migrate.keymap import Keymap, resolve
+from migrate.models.registry import allow_model_class
 
 
 @dataclass
@@ -30,10 +30,11 @@ class Coverage:
                     or self.unknown_target or self.twice_filled or self.misshaped)
 
 
-def coverage(specs: dict, groups, tied, ignored: set[str], expected: dict, fields: dict) -> Coverage:
-    """`specs`: source name -> object with `shape` and `dtype`; `groups`, `tied`: the
-    keymap's rows for this config (`Keymap.groups`); `expected`: the model's shapes.
-    Fused rows are checked through their layout's shape rule."""
+def coverage(specs: dict, plan: ConversionPlan) -> Coverage:
+    """`specs`: source name -> object with `shape` and `dtype`, against the plan's rows
+    and the model's shapes. Fused rows are checked through their layout's shape rule."""
+    expected = plan.expected
+    groups, tied, ignored, fields = plan.groups, plan.tied, plan.ignored, plan.fields
     result = Coverage()
     consumed = {s for g in groups for s in g.src} | {t.src for t in tied} | (ignored & set(specs))
     result.unmapped_source = sorted(n for n in specs if n not in consumed)
@@ -65,16 +66,6 @@ def coverage(specs: dict, groups, tied, ignored: set[str], expected: dict, field
     return result
 
 
-def target_model_config(km: Keymap, ms_fields: dict, model: str | None = None):
-    """The config of the model `km` converts to (or of `model`, a `module:Class`), with
-    model.yaml's record of the class and of the keymap target the checkpoint is written for."""
-    model = model or km.target
-    fields = {**ms_fields, MODEL_CLASS_FIELD: model}
-    if km.target_name:
-        fields[TARGET_FIELD] = km.target_name  # the model loads the checkpoint back through it
-    return config_class(model).from_dict(fields)
-
-
 @dataclass
 class KeymapCheck(Coverage):
     keymap: Keymap | None = None
@@ -86,8 +77,6 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
                  target: str | None = None) -> KeymapCheck:
     """`ms_model` checks against another model class (`module:Class`); `target` applies
     an entry of the keymap's `targets`."""
-    from migrate.models.shapes import expected_shapes
-
     hf_dir = Path(hf_dir)
     raw = read_raw_config(hf_dir)
     km = resolve(str(keymap), raw)
@@ -96,15 +85,15 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
     model = ms_model or km.target
     if ms_model:
         allow_model_class(ms_model)  # the user typed it: their own class is theirs to import
-    config = target_model_config(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model)
-    fields = config.to_dict()
-    expected = expected_shapes(config, model)
-    groups, tied = km.groups(fields)
+    plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model)
+    # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read.
+    plan.expected
+    plan.groups
     ckpt = open_hf_checkpoint(hf_dir).add_prefix_if_absent(km.base_prefix)
     try:
-        found = coverage(ckpt.specs, groups, tied, km.ignored(fields), expected, fields)
+        found = coverage(ckpt.specs, plan)
     finally:
         ckpt.close()
-    result = KeymapCheck(**vars(found), keymap=km, target=model, pairs=len(groups))
+    result = KeymapCheck(**vars(found), keymap=km, target=model, pairs=len(plan.groups))
     result.unknown_target += [f"{name} (filled twice)" for name in result.twice_filled]  # one list on screen
     return result

@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from migrate.errors import MigrateError
+from migrate.models.registry import family_of
 from migrate.parallel.layout import Layout, kv_replicated, validate
+from migrate.dtype_names import PRECISIONS, SPELLINGS
 
 KiB, MiB, GiB = 2 ** 10, 2 ** 20, 2 ** 30
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+DTYPE_BYTES = {spelling: PRECISIONS[name].bytes for spelling, name in SPELLINGS.items()}
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -121,45 +123,25 @@ RANKING = "ranked by: least recompute, then smallest mp, then smallest pp, then 
 
 
 # ---------------------------------------------------------------- parameters
-def _layer_params(config, mp: int, replicate_kv: bool) -> tuple[int, int]:
-    """(parameters of one decoder layer, those one device holds)."""
-    h, i = config.hidden_size, config.intermediate_size
-    q = config.num_heads * config.head_dim
-    kv = config.n_kv_heads * config.head_dim
-    qkv_bias = bool(config.qkv_has_bias)
-    col_q = h * q + (q if qkv_bias else 0)
-    col_kv = 2 * (h * kv + (kv if qkv_bias else 0))
-    col_mlp = 2 * (h * i + (i if config.mlp_bias else 0))
-    row = q * h + i * h
-    row_bias = (h if config.out_proj_has_bias else 0) + (h if config.mlp_bias else 0)
-    norms = 2 * h
-    total = col_q + col_kv + col_mlp + row + row_bias + norms
-    split = col_q + col_mlp + row + (0 if replicate_kv else col_kv)
-    whole = row_bias + norms + (col_kv if replicate_kv else 0)
-    return total, split // mp + whole
-
-
 def total_params(config) -> int:
-    per_layer, _ = _layer_params(config, 1, False)
-    emb = config.vocab_size * config.hidden_size
-    head = 0 if config.tie_word_embeddings else emb
-    return emb + head + config.num_layers * per_layer + config.hidden_size
+    return family_of(config).parameter_count(config)
 
 
 def stage_params(config, layout: Layout) -> list[int]:
-    """Parameters one device of each pipeline stage holds."""
+    """Parameters one device of each pipeline stage holds (the family's anatomy, placed)."""
     mp, pp = layout.mp, layout.pp
-    _, layer = _layer_params(config, mp, kv_replicated(layout, config))
-    emb = config.vocab_size * config.hidden_size // mp
-    layers = config.num_layers // pp
+    anatomy = family_of(config).anatomy_of(config)
+    layer = anatomy.layer.per_device(mp, kv_replicated(layout, config))
+    emb = anatomy.embedding // mp
+    layers = anatomy.num_layers // pp
     stages = []
     for k in range(pp):
         n = layers * layer
         if k == 0:
             n += emb
         if k == pp - 1:
-            n += config.hidden_size  # final norm
-            if not config.tie_word_embeddings or pp > 1:
+            n += anatomy.final_norm
+            if not anatomy.tied or pp > 1:
                 n += emb  # lm_head, or the tied table's copy on the last stage
         stages.append(n)
     return stages

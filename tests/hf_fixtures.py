@@ -36,17 +36,21 @@ def hf_config(variant: str = "mha", **overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
-def build_hf_model(variant: str = "mha", seed: int = 0, dtype=torch.float32, **overrides) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_config(variant, **overrides)).eval()
-    # HF initialises norms to ones and biases to zeros; randomise them so a
-    # swapped or dropped norm/bias cannot hide behind a neutral value.
+def randomise_norms_and_biases(model, is_norm=lambda name: name.endswith("norm.weight")):
+    """HF initialises norms to ones and biases to zeros; randomise them so a swapped
+    or dropped norm/bias cannot hide behind a neutral value."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if is_norm(name):
                 param.add_(0.1 * torch.randn_like(param))
             elif name.endswith(".bias"):
                 param.copy_(0.05 * torch.randn_like(param))
+    return model
+
+
+def build_hf_model(variant: str = "mha", seed: int = 0, dtype=torch.float32, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = randomise_norms_and_biases(LlamaForCausalLM(hf_config(variant, **overrides)).eval())
     return model.to(dtype)
 
 

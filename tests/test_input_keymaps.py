@@ -125,9 +125,13 @@ def test_a_users_own_class_needs_the_opt_in(folders, tmp_path, capsys, monkeypat
     refused(capsys, "export", mine, tmp_path / "a", out=tmp_path / "a", contains="--trust-model-class")
     # Explicit opt-in: the flag (or MIGRATE_TRUST_MODEL_CLASS=1) imports it. Its shapes come
     # from building it, so a class that is no model at all is then refused by its own failure.
-    import migrate.models.shapes as shapes
+    import dataclasses
 
-    monkeypatch.setitem(shapes.SHAPE_FUNCTIONS, f"{__name__}:UserLlama", shapes.llama_shapes)
+    from migrate.models import registry
+
+    llama = registry.FAMILIES["migrate.models.llama:LlamaForCausalLM"]
+    monkeypatch.setitem(registry.FAMILIES, f"{__name__}:UserLlama",
+                        dataclasses.replace(llama, model_class=f"{__name__}:UserLlama"))
     code, _, err = run(capsys, "export", "--trust-model-class", mine, tmp_path / "b")
     assert code == 0, err
     assert os.environ[TRUST_ENV] == "1" and (tmp_path / "b" / "model.safetensors").is_file()

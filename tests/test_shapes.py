@@ -9,8 +9,7 @@ from migrate.models.config import LlamaConfig
 from migrate.models.gpt2 import GPT2Config
 from migrate.models.llama import LlamaForCausalLM
 from migrate.models.loading import lazy_parameters
-from migrate.models.registry import build_model, parameter_shapes
-from migrate.models.shapes import SHAPE_FUNCTIONS, expected_shapes
+from migrate.models.registry import FAMILIES, build_model, expected_shapes, parameter_shapes
 
 LLAMA = "migrate.models.llama:LlamaForCausalLM"
 LLAMA_BASE = dict(vocab_size=48, hidden_size=32, intermediate_size=40, num_layers=2, num_heads=4, seq_length=16)
@@ -40,8 +39,15 @@ def test_shapes_equal_the_built_model(target, config):
     assert list(expected_shapes(config, target).items()) == list(built.items())
 
 
+@pytest.mark.parametrize("config", [config for target, config in CASES if target == LLAMA])
+def test_the_llama_anatomy_counts_what_the_shapes_hold(config):
+    # The planner and the trainer's MFU read the anatomy; the shapes are held to the built model above.
+    family = FAMILIES[LLAMA]
+    assert family.anatomy_of(config).total == family.parameter_count(config)
+
+
 def test_every_bundled_model_class_has_a_case():
-    assert set(SHAPE_FUNCTIONS) == {target for target, _ in CASES}
+    assert set(FAMILIES) == {target for target, _ in CASES}
 
 
 class LlamaWithScale(LlamaForCausalLM):
@@ -56,4 +62,4 @@ def test_a_model_class_without_a_shape_function_is_built_by_mindspore(monkeypatc
     monkeypatch.setenv("MIGRATE_TRUST_MODEL_CLASS", "1")  # a class migrate does not bundle: imported on opt-in
     config = LlamaConfig(**LLAMA_BASE)
     shapes = expected_shapes(config, f"{__name__}:LlamaWithScale")
-    assert shapes == {**SHAPE_FUNCTIONS[LLAMA](config), "scale": (3,)}
+    assert shapes == {**FAMILIES[LLAMA].shapes(config), "scale": (3,)}

@@ -11,12 +11,13 @@ import numpy as np
 
 from migrate.align.faults import check_fault, parse_fault
 from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
-from migrate.align.metrics import Thresholds
 from migrate.align.report import Report
+from migrate.align.thresholds import Thresholds
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
+from migrate.dtype_names import PRECISIONS
 
-DTYPES = ("fp32", "bf16", "fp16")
 ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
@@ -49,8 +50,8 @@ def compare(
     for folder, what in ((hf_dir, "HF model folder"), (ms_dir, "MindSpore model folder")):
         if not folder.is_dir():
             raise MigrateError(f"{what} not found: {folder}")
-    if dtype not in DTYPES:
-        raise MigrateError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if dtype not in PRECISIONS:
+        raise MigrateError(f"unknown dtype {dtype!r}; choose from {', '.join(PRECISIONS)}")
     if mode not in ("pynative", "graph"):
         raise MigrateError(f"unknown mode {mode!r}; choose pynative or graph")
     fault = parse_fault(inject) if inject else None
@@ -68,6 +69,7 @@ def compare(
     config = ms_side.config
     # The variant and target the folder was converted with (model.yaml records them).
     km = Keymap.load(keymap or recorded_keymap(ms_dir)).for_model(config.to_dict())
+    plan = ConversionPlan(km, config)  # pairs gradients and parameters by name
     ms_side.has_final_norm = "final norm" in km.align
     if grads and not ms_side.has_loss:
         raise MigrateError(f"--grads needs a model with a loss; {type(ms_side.model).__name__} has none")
@@ -94,7 +96,7 @@ def compare(
     )
     _forward(report, hf_side, ms_side, inputs, detail)
     if grads:
-        _backward(report, hf_side, ms_side, inputs, km, config, lr)
+        _backward(report, hf_side, ms_side, inputs, plan, lr)
     if generate:
         _generation(report, hf_side, ms_side, inputs, generate, hf_dir)
     return report.finalize()
@@ -132,29 +134,13 @@ def _forward(report, hf_side, ms_side, inputs, detail) -> None:
                 report.add(name, _valid(ref, inputs), _valid(got, inputs), kind=kind)
 
 
-def _in_ms_names(groups, hf_arrays: dict[str, np.ndarray], fields: dict) -> dict[str, np.ndarray]:
-    """HF-named arrays (gradients, parameters) under the MindSpore names, fused
-    through the keymap's layouts where a row fuses or splits tensors."""
-    out = {}
-    for group in groups:
-        if not all(s in hf_arrays for s in group.src):
-            continue
-        arrays = [hf_arrays[s] for s in group.src]
-        if group.layout is not None:
-            arrays = group.transform().forward(arrays, fields)
-        out.update(zip(group.dst, arrays))
-    return out
-
-
-def _backward(report, hf_side, ms_side, inputs, km, config, lr) -> None:
+def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr) -> None:
     _, hf_grads = hf_side.gradients(inputs)
     _, ms_grads = ms_side.gradients(inputs)
-    fields = config.to_dict()
-    groups, _ = km.groups(fields)
     ms_order = ms_side.parameter_names()
-    ref_grads = _in_ms_names(groups, hf_grads, fields)
+    ref_grads = plan.in_model_names(hf_grads)
     unpaired_ms = [n for n in ms_order if n not in ref_grads]
-    paired = {s for g in groups if all(d in ms_grads for d in g.dst) for s in g.src}
+    paired = {s for g in plan.groups if all(d in ms_grads for d in g.dst) for s in g.src}
     unpaired_hf = sorted(set(hf_grads) - paired)
     if unpaired_ms or unpaired_hf:
         raise MigrateError(
@@ -167,7 +153,7 @@ def _backward(report, hf_side, ms_side, inputs, km, config, lr) -> None:
     backward = list(reversed(ms_order))  # lm_head first: the order backprop visits them
     for name in backward:
         report.add(name, ref_grads[name], ms_grads[name], kind="grad")
-    hf_after = _in_ms_names(groups, hf_side.adamw_step(lr=lr, **ADAMW), fields)
+    hf_after = plan.in_model_names(hf_side.adamw_step(lr=lr, **ADAMW))
     ms_after = ms_side.adamw_step(lr=lr, **ADAMW)
     for name in backward:
         report.add(name, hf_after[name], ms_after[name], kind="param_after_step")

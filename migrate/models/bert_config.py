@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from migrate.models.config import ConfigIO, check_heads
+from migrate.models.config import ConfigIO, HeadsFromHidden
 
 
 @dataclass
-class BertConfig(ConfigIO):
+class BertConfig(HeadsFromHidden, ConfigIO):
     """HF's name is in the comment where it differs."""
 
     vocab_size: int
@@ -33,10 +33,3 @@ class BertConfig(ConfigIO):
     ignore_token_id: int = -100
     compute_dtype: str = "float32"           # float32 | float16 | bfloat16
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
-
-    def __post_init__(self):
-        check_heads(self.hidden_size, self.num_heads)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads

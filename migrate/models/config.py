@@ -24,6 +24,17 @@ def check_heads(hidden_size: int, num_heads: int) -> None:
         raise MigrateError(f"hidden_size ({hidden_size}) is not a multiple of num_heads ({num_heads})")
 
 
+class HeadsFromHidden:
+    """For a config whose heads split hidden_size evenly (GPT-2, BERT): checked when built."""
+
+    def __post_init__(self):
+        check_heads(self.hidden_size, self.num_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
 class ConfigIO:
     """`model.yaml` round trip for a config dataclass with an `extra` dict field
     (unknown fields kept verbatim), the same contract as `LlamaConfig`."""
@@ -151,41 +162,3 @@ class LlamaConfig(ConfigIO):
     def rope_type(self) -> str:
         scaling = self.rope_scaling or {}
         return scaling.get("rope_type", scaling.get("type", "default"))
-
-
-# Bundled model class (model.yaml `model_class`) -> its config class, as `module:Class`
-# strings: the config modules import without MindSpore, the model modules do not.
-CONFIG_CLASSES = {
-    "migrate.models.llama:LlamaForCausalLM": "migrate.models.config:LlamaConfig",
-    "migrate.models.gpt2:GPT2LMHeadModel": "migrate.models.gpt2_config:GPT2Config",
-    "migrate.models.bert:BertModel": "migrate.models.bert_config:BertConfig",
-    "migrate.models.bert:BertForMaskedLM": "migrate.models.bert_config:BertConfig",
-}
-
-
-def config_class(target: str | None):
-    """The config class of model class `target` (`module:Class`): a bundled model's
-    without importing MindSpore; a user's model's `config_class` attribute, else LlamaConfig."""
-    import importlib
-
-    if not target:
-        return LlamaConfig
-    name = CONFIG_CLASSES.get(target) if isinstance(target, str) else None
-    if name is None:  # a class of the user's: imported only where registry allows it
-        from migrate.models.registry import model_class
-
-        return getattr(model_class(target), "config_class", LlamaConfig)
-    module, _, cls = name.partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def load_model_config(path: str | Path):
-    """model.yaml -> the config object of the model class it names (`model_class`)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "model.yaml"
-    target = None
-    if path.is_file():
-        data = load_yaml(path, "model config")
-        target = data.get("model_class") if isinstance(data, dict) else None
-    return config_class(target).load(path)

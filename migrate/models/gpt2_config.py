@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from migrate.models.config import ConfigIO, check_heads
+from migrate.models.config import ConfigIO, HeadsFromHidden
 
 
 @dataclass
-class GPT2Config(ConfigIO):
+class GPT2Config(HeadsFromHidden, ConfigIO):
     """Field names follow MindFormers' GPT2Config (and this project's LlamaConfig)
     where one exists; HF's name is in the comment."""
 
@@ -37,15 +37,8 @@ class GPT2Config(ConfigIO):
     compute_dtype: str = "float32"           # float32 | float16 | bfloat16
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
 
-    def __post_init__(self):
-        check_heads(self.hidden_size, self.num_heads)
-
     @property
     def inner_size(self) -> int:
         """The MLP width: intermediate_size, or 4 * hidden_size when unset (HF's n_inner=None).
         None is kept as such so that export writes back what HF's config said."""
         return self.intermediate_size or 4 * self.hidden_size
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads

@@ -8,39 +8,15 @@ Sharded checkpoints (see `migrate.checkpoints.sharding`) load the same way.
 """
 from __future__ import annotations
 
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import mindspore as ms
 
 from migrate.checkpoints.ms_reader import checkpoint_files, open_ms_checkpoint
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
-from migrate.models.config import load_model_config
-from migrate.models.registry import build_model
-
-
-@contextmanager
-def lazy_parameters():
-    """Parameters created inside keep their initializer and allocate nothing until
-    set or first used: `mindspore.nn.utils.no_init_parameters` (deprecated in 2.10
-    but present), or, where it is gone, the class flag it sets."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from mindspore.nn.utils import no_init_parameters
-    except ImportError:
-        no_init_parameters = None
-    if no_init_parameters is not None:
-        with no_init_parameters():
-            yield
-        return
-    previous = getattr(ms.Parameter, "init_param", True)
-    ms.Parameter.init_param = False
-    try:
-        yield
-    finally:
-        ms.Parameter.init_param = previous
+from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
+from migrate.models.registry import build_model, lazy_parameters, load_model_config
 
 
 def build_lazy_model(config):
@@ -69,13 +45,11 @@ def load_checkpoint_dict(path: str | Path) -> dict:
 def checkpoint_to_model_names(ms_dir: Path, config) -> dict[str, str]:
     """Checkpoint name -> model parameter name, for a folder converted to a keymap
     target that renames (model.yaml `keymap_target`, e.g. mcore); empty otherwise."""
-    from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
-
     fields = config.to_dict()
     if not fields.get(TARGET_FIELD):
         return {}
-    km = resolve(recorded_keymap(ms_dir)).for_model(fields)
-    return {ckpt_name: model_name for model_name, ckpt_name in km.checkpoint_names(fields).items()}
+    plan = ConversionPlan(resolve(recorded_keymap(ms_dir)).for_model(fields), config)
+    return {ckpt_name: model_name for model_name, ckpt_name in plan.checkpoint_names.items()}
 
 
 def load_model(ms_dir: str | Path, compute_dtype: str | None = None):

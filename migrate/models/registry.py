@@ -1,4 +1,14 @@
-"""Build a bundled MindSpore model from a `module:Class` target and its config.
+"""The bundled model families, declared once, and the one way a model class is built.
+
+`FAMILIES` holds one `Family` per bundled model class (model.yaml `model_class`, a
+keymap's `target`): its config class, parameter shapes and count, what it can run,
+its per-layer anatomy (the memory planner, the trainer's MFU) and whether
+`migrate train` trains it. convert, export, `keymap check`, the planner and the
+trainer read it here; nothing else lists the bundled models. Adding one is one
+entry below, plus its model file, config class and keymap.
+
+This module imports no MindSpore: a model's module (which does) is imported only
+when a model is built (`build_model`), so `convert` and `export` never load it.
 
 A target string comes from files a user may have been handed (a converted folder's
 model.yaml `model_class`, a keymap's `target`), and importing a module runs its code
@@ -11,13 +21,128 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 from migrate.errors import MigrateError
-from migrate.models.config import CONFIG_CLASSES, LlamaConfig
-from migrate.safeyaml import clip, quote
+from migrate.keymap import MODEL_CLASS_FIELD, bundled_targets
+from migrate.keymap_schema import MODEL_CLASS
+from migrate.models.anatomy import Anatomy, llama_anatomy
+from migrate.models.bert_config import BertConfig
+from migrate.models.config import ConfigIO, LlamaConfig
+from migrate.models.gpt2_config import GPT2Config
+from migrate.models.shapes import Shapes, bert_mlm_shapes, bert_shapes, gpt2_shapes, llama_shapes
+from migrate.models.support import COMMON_ACTIVATIONS, LLAMA_ACTIVATIONS, check_activation, check_llama_rope
+from migrate.safeyaml import clip, load_yaml, quote
 
-MODEL_CLASS_FIELD = "model_class"  # model.yaml field naming the bundled class
+
+@dataclass(frozen=True)
+class Family:
+    """One bundled model class. A new one: its model file (the MindSpore `module:Class`), its
+    config class (MindSpore-free), its shape function (`models/shapes.py`, held to the built
+    model by tests/test_shapes.py), its keymap (`target:` this class), and an entry below."""
+
+    model_class: str                              # `module:Class`; the module is imported only to build
+    config_class: type[ConfigIO]                  # model.yaml's dataclass, MindSpore-free
+    shapes: Callable[[Any], Shapes]               # parameter names and shapes from the config, in model order
+    activations: tuple[str, ...]                  # hidden_act values the model computes as HF does
+    check: Callable[[Any], None] | None = None    # further settings it must be able to run (RoPE)
+    anatomy: Callable[[Any], Anatomy] | None = None  # per-layer parameter roles: planner, MFU
+    trains: bool = False                          # `migrate train` trains it
+
+    def check_runnable(self, config) -> None:
+        """MigrateError naming the field and value of `config` this model cannot run."""
+        if hasattr(config, "hidden_act"):
+            check_activation(config.hidden_act, self.activations)
+        if self.check is not None:
+            self.check(config)
+
+    def parameter_count(self, config) -> int:
+        return sum(math.prod(shape) for shape in self.shapes(config).values())
+
+    def anatomy_of(self, config) -> Anatomy:
+        if self.anatomy is None:
+            raise MigrateError(f"{self.model_class} declares no layer anatomy (the memory planner and MFU "
+                               f"know {', '.join(f.model_class for f in FAMILIES.values() if f.anatomy)})")
+        return self.anatomy(config)
+
+    def flops_per_token(self, config, seq_length: int) -> int:
+        """PaLM's estimate (`Anatomy.flops_per_token`)."""
+        return self.anatomy_of(config).flops_per_token(seq_length)
+
+
+LLAMA = "migrate.models.llama:LlamaForCausalLM"
+FAMILIES: dict[str, Family] = {family.model_class: family for family in (
+    Family(LLAMA, LlamaConfig, llama_shapes, LLAMA_ACTIVATIONS, check=check_llama_rope, anatomy=llama_anatomy,
+           trains=True),
+    Family("migrate.models.gpt2:GPT2LMHeadModel", GPT2Config, gpt2_shapes, COMMON_ACTIVATIONS),
+    Family("migrate.models.bert:BertModel", BertConfig, bert_shapes, COMMON_ACTIVATIONS),
+    Family("migrate.models.bert:BertForMaskedLM", BertConfig, bert_mlm_shapes, COMMON_ACTIVATIONS),
+)}
+# What a model.yaml naming no `model_class` holds (folders written before it was recorded).
+DEFAULT_MODEL_CLASS = LLAMA
+
+
+def family_of(config) -> Family:
+    """The bundled family of `config`: the one its model_class names, else the one
+    family of its config class (a LlamaConfig built in Python names no class)."""
+    target = getattr(config, "extra", {}).get(MODEL_CLASS_FIELD)
+    if target in FAMILIES:
+        return FAMILIES[target]
+    matches = [f for f in FAMILIES.values() if type(config) is f.config_class]
+    if target is None and len(matches) == 1:
+        return matches[0]
+    raise MigrateError(f"{quote(target or type(config).__name__)} is not one of migrate's bundled models "
+                       f"({', '.join(FAMILIES)})")
+
+
+# ---------- configs ----------
+def config_class(target: str | None):
+    """The config class of model class `target` (`module:Class`): a bundled model's
+    without importing MindSpore; a user's model's `config_class` attribute, else LlamaConfig."""
+    if not target:
+        return FAMILIES[DEFAULT_MODEL_CLASS].config_class
+    family = FAMILIES.get(target) if isinstance(target, str) else None
+    if family is not None:
+        return family.config_class
+    # A class of the user's: imported only where `check_model_class` allows it.
+    return getattr(model_class(target), "config_class", LlamaConfig)
+
+
+def load_model_config(path: str | Path):
+    """model.yaml -> the config object of the model class it names (`model_class`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.yaml"
+    target = None
+    if path.is_file():
+        data = load_yaml(path, "model config")
+        target = data.get(MODEL_CLASS_FIELD) if isinstance(data, dict) else None
+    return config_class(target).load(path)
+
+
+# ---------- shapes ----------
+def expected_shapes(config, target: str) -> Shapes:
+    """Names and shapes of model `target` (`module:Class`) built from `config`, in the
+    model's own parameter order; MigrateError for a config the bundled model cannot run."""
+    family = FAMILIES.get(target)
+    if family is None:  # a user's model: MindSpore builds it, without parameter data
+        with lazy_parameters():
+            return parameter_shapes(build_model(config, target))
+    family.check_runnable(config)
+    return family.shapes(config)
+
+
+def parameter_shapes(model) -> dict[str, tuple[int, ...]]:
+    return {p.name: tuple(p.shape) for p in model.get_parameters()}
+
+
+# ---------- which classes may be imported ----------
 TRUST_ENV = "MIGRATE_TRUST_MODEL_CLASS"
 _allowed: set[str] = set()         # classes a Python caller allowed explicitly
 
@@ -47,18 +172,14 @@ class TrustModelClassAction(argparse.Action):
 
 def registered_model_classes() -> set[str]:
     """The bundled models and every target (and variant target) of the bundled keymaps."""
-    from migrate.keymap import bundled_targets
-
-    return set(CONFIG_CLASSES) | bundled_targets()
+    return set(FAMILIES) | bundled_targets()
 
 
 def check_model_class(target) -> str:
     """`target` if it may be imported; MigrateError in one line otherwise."""
-    from migrate.keymap_schema import MODEL_CLASS
-
     if not isinstance(target, str) or not MODEL_CLASS.fullmatch(target):
         raise MigrateError(f"model class must be 'module:Class', got {quote(target)}")
-    if target in CONFIG_CLASSES or target in _allowed or trusting() or target in registered_model_classes():
+    if target in FAMILIES or target in _allowed or trusting() or target in registered_model_classes():
         return target
     raise MigrateError(
         f"refusing to import model class {quote(target)}: not one of migrate's models "
@@ -67,21 +188,44 @@ def check_model_class(target) -> str:
     )
 
 
+# ---------- building ----------
 def model_class(target: str):
     check_model_class(target)
     module_name, _, class_name = target.partition(":")
     try:
+        # The model's module imports MindSpore: only here, when a model is built.
         return getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise MigrateError(f"cannot import model class {target}: {clip(exc)}") from None
 
 
-def build_model(config: LlamaConfig, target: str | None = None):
+def build_model(config, target: str | None = None):
     target = target or config.extra.get(MODEL_CLASS_FIELD)
     if not target:
         raise MigrateError(f"model config names no {MODEL_CLASS_FIELD}")
     return model_class(target)(config)
 
 
-def parameter_shapes(model) -> dict[str, tuple[int, ...]]:
-    return {p.name: tuple(p.shape) for p in model.get_parameters()}
+@contextmanager
+def lazy_parameters():
+    """Parameters created inside keep their initializer and allocate nothing until
+    set or first used: `mindspore.nn.utils.no_init_parameters` (deprecated in 2.10
+    but present), or, where it is gone, the class flag it sets."""
+    import mindspore as ms  # only where a model is built: convert and export never get here
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from mindspore.nn.utils import no_init_parameters
+    except ImportError:
+        no_init_parameters = None
+    if no_init_parameters is not None:
+        with no_init_parameters():
+            yield
+        return
+    previous = getattr(ms.Parameter, "init_param", True)
+    ms.Parameter.init_param = False
+    try:
+        yield
+    finally:
+        ms.Parameter.init_param = previous

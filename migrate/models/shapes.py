@@ -3,14 +3,13 @@
 `migrate convert` checks coverage against these before any data moves. They are
 computed here, without MindSpore, because importing MindSpore costs about 0.5 GB
 of resident memory, more than the conversion's whole memory budget (issue #7).
+Each family's entry in `migrate.models.registry` names its function here;
 `tests/test_shapes.py` holds every function to the model it describes: for each
 family and config flag the names and shapes must equal those of the model built
-by MindSpore. A model class without a function here (a user's own `module:Class`)
-is built lazily with MindSpore instead.
+by MindSpore. A model class without an entry (a user's own `module:Class`) is
+built lazily with MindSpore instead (`registry.expected_shapes`).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -103,28 +102,3 @@ def bert_mlm_shapes(c) -> Shapes:
         out["cls.decoder.weight"] = (c.vocab_size, h)
     out["cls.decoder.bias"] = (c.vocab_size,)
     return out
-
-
-# model.yaml `model_class` -> shape function
-SHAPE_FUNCTIONS: dict[str, Callable[[object], Shapes]] = {
-    "migrate.models.llama:LlamaForCausalLM": llama_shapes,
-    "migrate.models.gpt2:GPT2LMHeadModel": gpt2_shapes,
-    "migrate.models.bert:BertModel": bert_shapes,
-    "migrate.models.bert:BertForMaskedLM": bert_mlm_shapes,
-}
-
-
-def expected_shapes(config, target: str) -> Shapes:
-    """Names and shapes of model `target` (`module:Class`) built from `config`, in the
-    model's own parameter order; MigrateError for a config the bundled model cannot run."""
-    from migrate.models.support import check_runnable
-
-    check_runnable(config, target)
-    function = SHAPE_FUNCTIONS.get(target)
-    if function is not None:
-        return function(config)
-    from migrate.models.loading import lazy_parameters  # a user's model: MindSpore builds it
-    from migrate.models.registry import build_model, parameter_shapes
-
-    with lazy_parameters():
-        return parameter_shapes(build_model(config, target))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 
 # rule name -> HF Trainer's forbidden-name patterns (searched in the lower-cased name)
@@ -66,8 +67,7 @@ def ms_decay_names(ms_param_names: Iterable[str], keymap, ms_config,
     parameter (`--qkv-concat`'s w_qkv) decays iff all the HF tensors it holds do;
     sources that disagree (a weight fused with a bias) cannot be trained alike.
     """
-    config = ms_config.to_dict() if hasattr(ms_config, "to_dict") else dict(ms_config)
-    sources = hf_sources(keymap, config)
+    sources = hf_sources(ConversionPlan(keymap, ms_config))
     names = list(ms_param_names)
     unpaired = [n for n in names if n not in sources]
     if unpaired:
@@ -85,11 +85,10 @@ def ms_decay_names(ms_param_names: Iterable[str], keymap, ms_config,
     return {n for n in names if decays(n)}
 
 
-def hf_sources(keymap, ms_config: dict) -> dict[str, tuple[str, ...]]:
+def hf_sources(plan: ConversionPlan) -> dict[str, tuple[str, ...]]:
     """MindSpore parameter name -> the HF parameter names it is made of (one for a
     rename, several for a fused row; a tied head: the weight it is tied to)."""
-    groups, tied = keymap.groups(ms_config)
-    out = {dst: group.src for group in groups for dst in group.dst}
-    for pair in tied:
+    out = dict(plan.sources)
+    for pair in plan.tied:
         out.setdefault(pair.dst, (pair.tied_to,))
     return out

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.train.config import RunConfig
 
@@ -182,21 +183,20 @@ def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
     return knobs, training
 
 
-def _to_ms_names(hf_names: set[str], keymap, ms_config) -> dict[str, str]:
+def _to_ms_names(hf_names: set[str], plan: ConversionPlan) -> dict[str, str]:
     """MindSpore name -> the HF names it is made of, for the MindSpore parameters whose
     HF sources all lie in `hf_names` (a fused parameter needs every one of them); HF
     names no MindSpore parameter covers map from an `<unpaired ...>` marker."""
-    groups, tied = keymap.groups(ms_config.to_dict())
-    sources = {dst: group.src for group in groups for dst in group.dst}
+    sources = plan.sources
     out = {ms: ", ".join(hf) for ms, hf in sources.items() if all(n in hf_names for n in hf)}
     # A tied HF head has no MindSpore parameter of its own: the embedding carries it.
-    covered = {n for hf in sources.values() for n in hf} | {pair.src for pair in tied}
+    covered = {n for hf in sources.values() for n in hf} | {pair.src for pair in plan.tied}
     out.update({f"<unpaired {n}>": n for n in hf_names if n not in covered})
     return out
 
 
-def _set_row(knob: str, golden_hf: set[str], ms_names: set[str], keymap, ms_config) -> HparamRow:
-    hf_of = _to_ms_names(golden_hf, keymap, ms_config)
+def _set_row(knob: str, golden_hf: set[str], ms_names: set[str], plan: ConversionPlan) -> HparamRow:
+    hf_of = _to_ms_names(golden_hf, plan)
     golden_ms = set(hf_of)
     only_ms, only_golden = sorted(ms_names - golden_ms), sorted(golden_ms - ms_names)
     detail = []
@@ -237,9 +237,9 @@ def hparams_report(cfg: RunConfig, faults=()) -> HparamsReport:
     rows = [HparamRow("optimizer", g["optimizer"], m["optimizer"], True, "torch semantics on both sides")]
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], g[knob] == m[knob]))
-    rows.append(_set_row("decayed_parameters", g["decayed"], m["decayed"], training.keymap, training.model_config))
-    rows.append(_set_row("not_decayed_parameters", g["not_decayed"], m["not_decayed"], training.keymap,
-                         training.model_config))
+    pairing = ConversionPlan(training.keymap, training.model_config)  # MindSpore name <- HF names
+    rows.append(_set_row("decayed_parameters", g["decayed"], m["decayed"], pairing))
+    rows.append(_set_row("not_decayed_parameters", g["not_decayed"], m["not_decayed"], pairing))
     rows.append(HparamRow("clip_max_norm", g["clip_max_norm"], m["clip_max_norm"],
                           g["clip_max_norm"] == m["clip_max_norm"]))
     rows.append(HparamRow("clip_eps", g["clip_eps"], m["clip_eps"], math.isclose(g["clip_eps"], m["clip_eps"],
