@@ -51,7 +51,7 @@ def test_tensor_parallel_leaves_the_reduction_to_the_compiler():
     assert run.reduce_grads(grads) is grads  # MindSpore's compiler inserts the mirror all-reduces itself
     assert run.describe()["dp"] == 2 and "grad_reducer" not in run.describe()
     assert type(training.micro) is MicroStep  # no pipeline: the trainer's own micro-step
-    assert training.model.model.layers[1].attention.wq.matmul.attrs["in_strategy"] == ((2, 1), (2, 1))
+    assert training.model.model.layers[1].attention.wq.kernel.matmul.attrs["in_strategy"] == ((2, 1), (2, 1))
 
 
 def test_refused_on_cpu_only():

@@ -11,6 +11,7 @@ import torch
 from hf_fixtures import build_hf_model
 from train_setup import load_golden
 
+from migrate.models.base import F32, model_precision
 from migrate.models.config import LlamaConfig
 from migrate.models.llama import LlamaForCausalLM
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
@@ -39,12 +40,12 @@ def test_the_mindspore_record_follows_the_cells():
     record = shared_record(model)
     assert record["linear_compute_dtypes"] == linear_dtypes(3, "bfloat16") and record["recompute_layers"] == [2]
     assert record["parameter_dtypes"] == ["float32"] and autocast_dtype(model) == "bfloat16"
-    model.model.layers[1].feed_forward.w2.ac_round = False  # one linear left out of autocast
+    model.model.layers[1].feed_forward.w2.use_precision(model_precision(F32))  # one linear left out of autocast
     assert shared_record(model)["linear_compute_dtypes"]["decoder_layers"] == [
         ["bfloat16"], ["bfloat16", "float32"], ["bfloat16"]]
     cells = mindspore_only_record(model)["cells"]
-    assert {(c["class"], c["computes_in"]) for c in cells if c["class"] == "AutocastLinear"} == {
-        ("AutocastLinear", "bfloat16"), ("AutocastLinear", "float32")}
+    assert {(c["class"], c["computes_in"]) for c in cells if c["class"] == "Linear"} == {
+        ("Linear", "bfloat16"), ("Linear", "float32")}
 
 
 def test_autocast_without_rounding_is_not_recorded_as_autocast():

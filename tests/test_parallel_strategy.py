@@ -10,15 +10,15 @@ import pytest
 
 from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
-from migrate.models.llama import Linear, LlamaAttention, LlamaEmbedding, LlamaForCausalLM
+from migrate.models.common import Linear, TiedHead
+from migrate.models.kernels import Kernel, LinearKernel
+from migrate.models.llama import LlamaForCausalLM
 from migrate.parallel.context import apply_parallel_context, auto_parallel_network, parallel_context
 from migrate.parallel.layout import Layout
 from migrate.parallel.pipeline import (CausalLMLoss, assign_pipeline_stages, build_pipeline_network,
                                        pipeline_grad_reducer, read_pipeline_stages)
-from migrate.models.llama import TiedHead
 from migrate.parallel.layout import validate
-from migrate.parallel.strategy import (ShardedAttention, ShardedEmbedding, ShardedLinear, ShardedTiedHead,
-                                       assign_strategies, param_splits, per_device_params)
+from migrate.parallel.strategy import ShardedKernel, assign_strategies, param_splits, per_device_params
 from migrate.plan import stage_params
 
 
@@ -57,8 +57,8 @@ def _expected(config, dp, mp):
 def _all_sharded(model):
     """No cell is left computing through a functional call that cannot carry a strategy."""
     for name, cell in model.cells_and_names():
-        if isinstance(cell, (Linear, LlamaAttention, LlamaEmbedding, TiedHead)):
-            assert isinstance(cell, (ShardedLinear, ShardedAttention, ShardedEmbedding, ShardedTiedHead)), name
+        if isinstance(cell, Kernel):
+            assert isinstance(cell, ShardedKernel), name
 
 
 @pytest.mark.parametrize("mp, dp, n_kv", [(2, 2, 8), (4, 2, 8), (8, 1, 8), (2, 4, 2), (4, 1, 2), (8, 1, 2)])
@@ -69,7 +69,7 @@ def test_every_matmul_gets_its_strategy(mp, dp, n_kv):
     assert strategies == _expected(config, dp, mp)
     _all_sharded(model)
     # The strategy MindSpore compiles from is the primitive attribute.
-    wq = model.model.layers[0].attention.wq.matmul
+    wq = model.model.layers[0].attention.wq.kernel.matmul
     assert wq.attrs["in_strategy"] == ((dp, 1), (mp, 1))
 
 
@@ -127,6 +127,7 @@ def test_bad_layout_is_refused_before_anything_changes():
     with pytest.raises(MigrateError, match=r"num_heads \(8\) is not divisible by mp \(3\)"):
         assign_strategies(model, Layout(mp=3))
     assert type(model.model.layers[0].attention.wq) is Linear
+    assert type(model.model.layers[0].attention.wq.kernel) is LinearKernel
 
 
 @pytest.mark.parametrize("mp, dp", [(2, 2), (4, 1), (8, 1)])
@@ -198,6 +199,7 @@ def test_fused_layout_refuses_replicated_kv(mp, n_kv):
     with pytest.raises(MigrateError, match="with qkv_concat"):
         assign_strategies(model, Layout(mp=mp))
     assert type(model.model.layers[0].attention.w_qkv) is Linear
+    assert type(model.model.layers[0].attention.w_qkv.kernel) is LinearKernel
 
 
 @pytest.mark.parametrize("mp, n_kv, tied", [(2, 8, False), (4, 8, False), (8, 2, False), (4, 2, True)])

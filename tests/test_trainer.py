@@ -196,15 +196,15 @@ def test_bf16_is_the_golden_bf16_and_not_fp32(wide_init, run_dir):
                                                            "lm_head": ["bfloat16"]}
     assert eff["live_shared"]["parameter_dtypes"] == ["float32"] and eff["model"]["autocast"] == "bfloat16"
     cells = {c["class"]: c for c in eff["live_mindspore_only"]["cells"]}
-    for kind in ("AutocastLinear", "AutocastAttention", "AutocastFeedForward"):
+    for kind in ("Linear", "LlamaAttention", "LlamaFeedForward"):
         assert cells[kind]["computes_in"] == "bfloat16"
-    assert cells["AutocastLinear"]["parameter_dtypes"] == ["float32"] and cells["AutocastLinear"]["cells"] == 15
+    assert cells["Linear"]["parameter_dtypes"] == ["float32"] and cells["Linear"]["cells"] == 15
     assert cells["RMSNorm"]["computes_in"] == "float32"  # autocast leaves norms in fp32, as torch's does
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_autocast_cells_without_rounding_are_the_plain_model(fused):
-    # The autocast subclasses restate the model's construct methods; with rounding off they must equal them.
+    # Autocast is a precision policy over the model's one forward; with rounding off it must be the plain model.
     from migrate.models.config import LlamaConfig
     from migrate.models.llama import LlamaForCausalLM
 

@@ -2,12 +2,16 @@
 
 `migrate diff --inject NAME[@LAYER]` shows what each fault looks like in a
 report; the tests use the same registry to prove every fault is caught and
-located. Each fault mutates a loaded `MSSide` in place (PyNative: patched
-methods are plain Python). Sources: ../shared/PITFALLS.md.
+located. Each fault is a `Fault` that applies itself to a loaded `MSSide`
+through the bundled Llama's seams (`migrate.models.llama`'s docstring): it
+swaps parameter data, sets a seam's attribute (a norm's eps, the mask's fill
+value, the rotary tables), or replaces every cell of one type by a faulty
+subclass (the rotary, the kv repeat, the norm, the loss). Cells are found by
+type, so a fault reaches the same place whatever kernels or precision policy
+the model carries. Sources: ../shared/PITFALLS.md.
 """
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +20,12 @@ import numpy as np
 from mindspore import mint
 
 from migrate.errors import MigrateError
+from migrate.models.base import ModelCell
+from migrate.models.common import CausalMask, CrossEntropy, ShiftedCrossEntropy
+from migrate.models.llama import RepeatKV, RMSNorm
+from migrate.models.registry import build_model
+from migrate.models.rope import rope_inv_freq
+from migrate.models.rotary import RotaryEmbedding, RotateHalf
 
 
 @dataclass(frozen=True)
@@ -24,9 +34,75 @@ class Fault:
     description: str
     block: str                 # where the first divergence must be found
     per_layer: bool            # True: hits the chosen layer; False: shows from layer 0 (or has no layer)
-    needs: tuple[str, ...]     # conditions on the run: padded, low_precision, tied
-    apply: Callable
+    needs: tuple[str, ...]     # conditions on the run: padded, low_precision, tied, gqa
+    inject: Callable           # (side, layer) -> None: changes side.model in place (or replaces it)
 
+    def apply(self, side, layer: int) -> None:
+        self.inject(side, layer)
+
+
+# ---------------------------------------------------------------- finding seams by type
+
+def cells_of(model, kind) -> list:
+    return [cell for _, cell in model.cells_and_names() if isinstance(cell, kind)]
+
+
+def replace_cells(model, kind, make) -> None:
+    """Put make(cell) in place of every cell of type `kind`; parameters keep their names."""
+    cells = dict(model.cells_and_names())
+    for name, cell in list(cells.items()):
+        if isinstance(cell, kind):
+            parent, _, attr = name.rpartition(".")
+            setattr(cells[parent], attr, make(cell))
+    # Cell.__setattr__ prefixes a new child's parameter names; put back the full paths.
+    for name, param in model.parameters_and_names():
+        param.name = name
+
+
+# ---------------------------------------------------------------- faulty cells
+
+class InterleavedRotary(RotateHalf):
+    """Rotates adjacent pairs (Meta's .pth convention) on weights laid out for HF's halves."""
+
+    def __init__(self, like: RotateHalf, head_dim: int):
+        super().__init__(like.precision)
+        # Index gathers only: stack/strided slicing lack CPU kernels in PyNative.
+        self.freq_index = ms.Tensor(np.repeat(np.arange(head_dim // 2), 2).astype(np.int32))  # 0,0,1,1,...
+        self.partner = ms.Tensor((np.arange(head_dim) ^ 1).astype(np.int32))                 # 1,0,3,2,...
+        self.sign = ms.Tensor(np.tile(np.array([-1.0, 1.0], np.float32), head_dim // 2))    # -x_odd, +x_even
+
+    def construct(self, x, cos, sin):
+        c = ms.ops.gather(cos, self.freq_index, cos.ndim - 1)
+        s = ms.ops.gather(sin, self.freq_index, sin.ndim - 1)
+        rotated = ms.ops.gather(x, self.partner, x.ndim - 1) * self.sign.astype(x.dtype)
+        return self._r(self._r(x * c) + self._r(rotated * s))
+
+
+class TiledKV(RepeatKV):
+    """k/v heads repeated as [0,1,0,1] instead of HF's [0,0,1,1]."""
+
+    def construct(self, x):
+        if self.n_rep == 1:
+            return x
+        return mint.cat([x] * self.n_rep, 1)
+
+
+class NoUpcastRMSNorm(RMSNorm):
+    """RMSNorm computed in the low-precision dtype, without HF's fp32 upcast."""
+
+    def __init__(self, like: RMSNorm):
+        ModelCell.__init__(self, like.precision)  # built around the norm's own weight
+        self.weight = like.weight
+        self.eps = like.eps
+
+    def construct(self, x):
+        h = self._r(x * x)
+        variance = self._r(mint.mean(h, -1, keepdim=True))
+        h = self._r(x * self._r(mint.rsqrt(self._r(variance + self.eps))))
+        return self._r(self._p(self.weight) * h)
+
+
+# ---------------------------------------------------------------- the faults
 
 def _layers(side):
     return side.model.model.layers
@@ -52,63 +128,31 @@ def _gate_up_swap(side, layer):
 
 
 def _rope_interleaved(side, layer):
-    """Rotate adjacent pairs (Meta's .pth convention) on weights laid out for HF's halves."""
-    d = side.config.head_dim
-    # Index gathers only: stack/strided slicing lack CPU kernels in PyNative.
-    freq_index = ms.Tensor(np.repeat(np.arange(d // 2), 2).astype(np.int32))     # 0,0,1,1,...
-    partner = ms.Tensor((np.arange(d) ^ 1).astype(np.int32))                      # 1,0,3,2,...
-    sign = ms.Tensor(np.tile(np.array([-1.0, 1.0], np.float32), d // 2))         # -x_odd, +x_even
-
-    def rope(self, x, cos, sin):
-        c = ms.ops.gather(cos, freq_index, cos.ndim - 1)
-        s = ms.ops.gather(sin, freq_index, sin.ndim - 1)
-        rotated = ms.ops.gather(x, partner, x.ndim - 1) * sign.astype(x.dtype)
-        return self._r(self._r(x * c) + self._r(rotated * s))
-
-    for cell in _layers(side):
-        cell.attention._rope = types.MethodType(rope, cell.attention)
+    replace_cells(side.model, RotateHalf, lambda cell: InterleavedRotary(cell, side.config.head_dim))
 
 
 def _gqa_tile(side, layer):
-    """k/v heads repeated as [0,1,0,1] instead of HF's [0,0,1,1]."""
-    def repeat(self, x):
-        if self.n_rep == 1:
-            return x
-        return mint.cat([x] * self.n_rep, 1)
-
-    for cell in _layers(side):
-        cell.attention._repeat_kv = types.MethodType(repeat, cell.attention)
+    replace_cells(side.model, RepeatKV, lambda cell: TiledKV(cell.n_rep))
 
 
 def _rms_eps(side, layer):
     """rms_norm_eps ten times too large (the 1e-5 vs 1e-6 mix-up)."""
-    for cell in side.model.cells_and_names():
-        if hasattr(cell[1], "eps") and type(cell[1]).__name__ == "RMSNorm":
-            cell[1].eps = cell[1].eps * 10
+    for norm in cells_of(side.model, RMSNorm):
+        norm.eps = norm.eps * 10
 
 
 def _rmsnorm_no_upcast(side, layer):
-    """RMSNorm computed in the low-precision dtype, without HF's fp32 upcast."""
-    def construct(self, x):
-        h = self._r(x * x)
-        variance = self._r(mint.mean(h, -1, keepdim=True))
-        h = self._r(x * self._r(mint.rsqrt(self._r(variance + self.eps))))
-        return self._r(self._p(self.weight) * h)
-
-    for _, cell in side.model.cells_and_names():
-        if type(cell).__name__ == "RMSNorm":
-            cell.construct = types.MethodType(construct, cell)
+    replace_cells(side.model, RMSNorm, NoUpcastRMSNorm)
 
 
 def _mask_fill(side, layer):
     """Padding filled with a small finite value instead of the dtype minimum."""
-    side.model.model.min_value = -5.0
+    for mask in cells_of(side.model, CausalMask):
+        mask.fill_value = -5.0
 
 
 def _untied_head(side, layer):
     """lm_head not tied to the embedding: a freshly initialised head."""
-    from migrate.models.registry import build_model
-
     config = side.config
     config.tie_word_embeddings = False
     model = build_model(config)
@@ -122,21 +166,16 @@ def _untied_head(side, layer):
 
 def _loss_no_shift(side, layer):
     """Cross-entropy on unshifted labels: position t predicts token t."""
-    def loss(self, logits, labels):
-        flat = logits.astype(ms.float32).reshape(-1, self.vocab_size)
-        return ms.ops.cross_entropy(flat, labels.reshape(-1), ignore_index=self.ignore_index, reduction="mean")
-
-    side.model._loss = types.MethodType(loss, side.model)
+    replace_cells(side.model, ShiftedCrossEntropy, lambda cell: CrossEntropy(cell.vocab_size, cell.ignore_index))
 
 
 def _rope_theta(side, layer):
     """RoPE base left at 10000 when the model says otherwise (or 10x off when it is 10000)."""
-    from migrate.models.rope import rope_inv_freq
-
     c = side.config
     theta = 10000.0 if c.theta != 10000.0 else 100000.0
     inv_freq, _ = rope_inv_freq(c.head_dim, theta, c.rope_scaling, c.seq_length)
-    side.model.model.inv_freq = ms.Tensor(np.asarray(inv_freq, np.float32))
+    for rotary in cells_of(side.model, RotaryEmbedding):
+        rotary.inv_freq = ms.Tensor(np.asarray(inv_freq, np.float32))
 
 
 FAULTS = {f.name: f for f in (

@@ -36,7 +36,7 @@ layer's output (HF's hidden_states), plus, for BertForMaskedLM, the MLM transfor
 output (`cls.transform`, the last normed tensor before the decoder). "detail" adds each
 layer's attention output (wo, before residual and LayerNorm) and MLP output (w2, before
 residual and LayerNorm); `hidden_names(...)` names the entries. Precision handling as
-in `migrate.models.llama` (fp32 exact; bf16/fp16 emulated on CPU).
+in `migrate.models.base` (fp32 exact; bf16/fp16 emulated on CPU).
 """
 from __future__ import annotations
 
@@ -44,22 +44,20 @@ import mindspore as ms
 from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
-from migrate.models.common import (
-    _DTYPES, _MIN, Activation, Embedding, LayerNorm, Linear, _Cell, _Precision,
-    cast_outputs, check_dtype, masked_lm_loss, padding_mask,
-)
+from migrate.models.base import MIN_VALUE, Build, ModelCell, hidden_names, name_parameters
+from migrate.models.common import Activation, Embedding, LayerNorm, Linear, masked_lm_loss, padding_mask
 from migrate.models.bert_config import BertConfig  # noqa: F401 (re-exported: mindspore-free for convert)
 
 
-class BertEmbeddings(_Cell):
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
+class BertEmbeddings(ModelCell):
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
         h = config.hidden_size
-        self.word_embeddings = Embedding(config.vocab_size, h, prec, prefix + ".word_embeddings",
+        self.word_embeddings = Embedding(config.vocab_size, h, build, prefix + ".word_embeddings",
                                          padding_idx=config.pad_token_id)
-        self.position_embeddings = Embedding(config.seq_length, h, prec, prefix + ".position_embeddings")
-        self.token_type_embeddings = Embedding(config.type_vocab_size, h, prec, prefix + ".token_type_embeddings")
-        self.layernorm = LayerNorm(h, config.layer_norm_eps, prec, prefix + ".layernorm")
+        self.position_embeddings = Embedding(config.seq_length, h, build, prefix + ".position_embeddings")
+        self.token_type_embeddings = Embedding(config.type_vocab_size, h, build, prefix + ".token_type_embeddings")
+        self.layernorm = LayerNorm(h, config.layer_norm_eps, build, prefix + ".layernorm")
         self.dropout = config.hidden_dropout_prob
 
     def construct(self, input_ids, token_type_ids=None, word_table=None):
@@ -70,27 +68,24 @@ class BertEmbeddings(_Cell):
         # HF order: (words + token types) + positions.
         h = self._r(self.word_embeddings(input_ids, word_table) + self.token_type_embeddings(token_type_ids))
         h = self._r(h + self.position_embeddings(positions).expand_dims(0))
-        h = self.layernorm(h)
-        if self.training and self.dropout > 0:
-            h = ops.dropout(h, p=self.dropout, training=True)  # mint's dropout has no CPU kernel
-        return h
+        return self._dropout(self.layernorm(h), self.dropout)
 
 
-class BertAttention(_Cell):
+class BertAttention(ModelCell):
     """Self-attention up to and including the output dense (wo); residual and
     LayerNorm are the layer's."""
 
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
         h = config.hidden_size
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim ** -0.5
         self.dropout = config.attention_probs_dropout_prob
-        self.wq = Linear(h, h, True, prec, prefix + ".wq")
-        self.wk = Linear(h, h, True, prec, prefix + ".wk")
-        self.wv = Linear(h, h, True, prec, prefix + ".wv")
-        self.wo = Linear(h, h, True, prec, prefix + ".wo")
+        self.wq = Linear(h, h, True, build, prefix + ".wq")
+        self.wk = Linear(h, h, True, build, prefix + ".wk")
+        self.wv = Linear(h, h, True, build, prefix + ".wv")
+        self.wo = Linear(h, h, True, build, prefix + ".wo")
 
     def construct(self, x, mask):
         b, s, _ = x.shape
@@ -101,70 +96,58 @@ class BertAttention(_Cell):
         if mask is not None:
             scores = self._r(scores + mask)
         probs = self._r(mint.nn.functional.softmax(scores.astype(ms.float32), dim=-1).astype(self.act))
-        if self.training and self.dropout > 0:
-            probs = ops.dropout(probs, p=self.dropout, training=True)
+        probs = self._dropout(probs, self.dropout)
         out = self._r(mint.matmul(probs, v))
         return self.wo(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
-class BertFeedForward(_Cell):
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
+class BertFeedForward(ModelCell):
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
         h, i = config.hidden_size, config.intermediate_size
-        self.w1 = Linear(h, i, True, prec, prefix + ".w1")  # HF intermediate.dense
-        self.w2 = Linear(i, h, True, prec, prefix + ".w2")  # HF output.dense
-        self.act = Activation(config.hidden_act, prec)
+        self.w1 = Linear(h, i, True, build, prefix + ".w1")  # HF intermediate.dense
+        self.w2 = Linear(i, h, True, build, prefix + ".w2")  # HF output.dense
+        self.act_fn = Activation(config.hidden_act, build.precision)
 
     def construct(self, x):
-        return self.w2(self.act(self.w1(x)))
+        return self.w2(self.act_fn(self.w1(x)))
 
 
-class BertLayer(_Cell):
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
+class BertLayer(ModelCell):
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
         h, eps = config.hidden_size, config.layer_norm_eps
-        self.attention = BertAttention(config, prec, prefix + ".attention")
-        self.attention_norm = LayerNorm(h, eps, prec, prefix + ".attention_norm")  # HF attention.output.LayerNorm
-        self.feed_forward = BertFeedForward(config, prec, prefix + ".feed_forward")
-        self.ffn_norm = LayerNorm(h, eps, prec, prefix + ".ffn_norm")              # HF output.LayerNorm
+        self.attention = BertAttention(config, build, prefix + ".attention")
+        self.attention_norm = LayerNorm(h, eps, build, prefix + ".attention_norm")  # HF attention.output.LayerNorm
+        self.feed_forward = BertFeedForward(config, build, prefix + ".feed_forward")
+        self.ffn_norm = LayerNorm(h, eps, build, prefix + ".ffn_norm")              # HF output.LayerNorm
         self.dropout = config.hidden_dropout_prob
 
-    def _drop(self, x):
-        if self.training and self.dropout > 0:
-            return ops.dropout(x, p=self.dropout, training=True)
-        return x
-
     def construct(self, x, mask):
-        attn = self._drop(self.attention(x, mask))
+        attn = self._dropout(self.attention(x, mask), self.dropout)
         h = self.attention_norm(self._r(attn + x))
-        mlp = self._drop(self.feed_forward(h))
+        mlp = self._dropout(self.feed_forward(h), self.dropout)
         return self.ffn_norm(self._r(mlp + h)), attn, mlp
 
 
 class BertEncoder(nn.Cell):
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
         super().__init__()
-        self.layer = nn.CellList([BertLayer(config, prec, f"{prefix}.layer.{i}") for i in range(config.num_layers)])
+        self.layer = nn.CellList([BertLayer(config, build, f"{prefix}.layer.{i}") for i in range(config.num_layers)])
 
 
-class BertPooler(_Cell):
+class BertPooler(ModelCell):
     """HF BertPooler: dense + tanh on the first ([CLS]) token."""
 
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
-        self.dense = Linear(config.hidden_size, config.hidden_size, True, prec, prefix + ".dense")
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
+        self.dense = Linear(config.hidden_size, config.hidden_size, True, build, prefix + ".dense")
 
     def construct(self, h):
         return self._r(mint.tanh(self.dense(h[:, 0])))
 
 
-def _name_parameters(cell):
-    # Parameters carry their full path as name (checkpoints are keyed by it).
-    for name, param in cell.parameters_and_names():
-        param.name = name
-
-
-class BertModel(_Cell):
+class BertModel(ModelCell):
     """HF BertModel (encoder + optional pooler); see the module docstring for the call.
 
     `seed` makes the HF-style initialisation reproducible: normal(0, initializer_range)
@@ -176,26 +159,23 @@ class BertModel(_Cell):
     OUTPUTS = ("last_hidden_state", "pooler_output")  # what construct returns before `hidden`, by HF's names
 
     def __init__(self, config: BertConfig, seed: int = 0, add_pooling_layer: bool = True,
-                 _prec: _Precision | None = None, _prefix: str = ""):
-        if _prec is None:
-            _prec = _precision(config, seed)
-        super().__init__(_prec)
+                 _build: Build | None = None, _prefix: str = ""):
+        if _build is None:
+            _build = _model_build(config, seed)
+        super().__init__(_build.precision)
         self.config = config
-        self.embeddings = BertEmbeddings(config, _prec, _prefix + "embeddings")
-        self.encoder = BertEncoder(config, _prec, _prefix + "encoder")
-        self.pooler = BertPooler(config, _prec, _prefix + "pooler") if add_pooling_layer else None
+        self.embeddings = BertEmbeddings(config, _build, _prefix + "embeddings")
+        self.encoder = BertEncoder(config, _build, _prefix + "encoder")
+        self.pooler = BertPooler(config, _build, _prefix + "pooler") if add_pooling_layer else None
         self.max_positions = config.seq_length
-        self.min_value = _MIN[_prec.dtype]
-        _name_parameters(self)
+        self.min_value = MIN_VALUE[_build.dtype]
+        name_parameters(self)
 
     @staticmethod
     def hidden_names(config: BertConfig, detail: bool = False, prefix: str = "") -> list[str]:
         """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
-        names = [prefix + "embeddings"]
-        for i in range(config.num_layers):
-            layer = f"{prefix}encoder.layer.{i}"
-            names += [f"{layer}.attention", f"{layer}.feed_forward", layer] if detail else [layer]
-        return names
+        parts = ("attention", "feed_forward")
+        return hidden_names(prefix + "embeddings", prefix + "encoder.layer", config.num_layers, parts, detail)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
                word_table=None):
@@ -210,10 +190,7 @@ class BertModel(_Cell):
         hidden = (h,)
         for layer in self.encoder.layer:
             h, attn, mlp = layer(h, mask)
-            if output_hidden_states == "detail":
-                hidden = hidden + (attn, mlp, h)
-            elif output_hidden_states:
-                hidden = hidden + (h,)
+            hidden = self._keep_hidden(hidden, output_hidden_states, attn, mlp, h)
         return h, hidden
 
     def construct(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False):
@@ -221,44 +198,36 @@ class BertModel(_Cell):
         pooled = None
         if self.pooler is not None:
             pooled = self.pooler(h)
-        if self.emulate:
-            h = h.astype(self.cdtype)
-            if pooled is not None:
-                pooled = pooled.astype(self.cdtype)
-            if output_hidden_states:
-                hidden = cast_outputs(self, hidden)
-        if not output_hidden_states:
-            hidden = None
-        return h, pooled, hidden
+        return self._hand_out(h), self._hand_out(pooled), self._hidden_out(hidden, output_hidden_states)
 
 
-def _precision(config: BertConfig, seed: int) -> _Precision:
-    check_dtype(config.compute_dtype)
+def _model_build(config: BertConfig, seed: int) -> Build:
+    build = Build(config.compute_dtype, config.initializer_range, seed)
     if config.is_decoder or config.add_cross_attention:
         raise MigrateError("is_decoder / add_cross_attention are not supported by the bundled BERT")
-    return _Precision(_DTYPES[config.compute_dtype], config.initializer_range, seed)
+    return build
 
 
-class BertPredictionHeadTransform(_Cell):
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
+class BertPredictionHeadTransform(ModelCell):
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
         h = config.hidden_size
-        self.dense = Linear(h, h, True, prec, prefix + ".dense")
-        self.act = Activation(config.hidden_act, prec)
-        self.layernorm = LayerNorm(h, config.layer_norm_eps, prec, prefix + ".layernorm")
+        self.dense = Linear(h, h, True, build, prefix + ".dense")
+        self.act_fn = Activation(config.hidden_act, build.precision)
+        self.layernorm = LayerNorm(h, config.layer_norm_eps, build, prefix + ".layernorm")
 
     def construct(self, x):
-        return self.layernorm(self.act(self.dense(x)))
+        return self.layernorm(self.act_fn(self.dense(x)))
 
 
-class BertDecoder(_Cell):
+class BertDecoder(ModelCell):
     """Logits = x @ W.T + bias; W is the word-embedding table when tied (no parameter here)."""
 
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
-        super().__init__(prec)
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
+        super().__init__(build.precision)
         if not config.tie_word_embeddings:
-            self.weight = prec.normal(prefix + ".weight", (config.vocab_size, config.hidden_size))
-        self.bias = prec.const(prefix + ".bias", (config.vocab_size,), "zeros")
+            self.weight = build.normal(prefix + ".weight", (config.vocab_size, config.hidden_size))
+        self.bias = build.const(prefix + ".bias", (config.vocab_size,), "zeros")
 
     def construct(self, x, weight):
         return self._r(mint.nn.functional.linear(x, weight, self._p(self.bias)))
@@ -267,27 +236,27 @@ class BertDecoder(_Cell):
 class BertMLMHead(nn.Cell):
     """HF BertOnlyMLMHead / BertLMPredictionHead."""
 
-    def __init__(self, config: BertConfig, prec: _Precision, prefix: str):
+    def __init__(self, config: BertConfig, build: Build, prefix: str):
         super().__init__()
-        self.transform = BertPredictionHeadTransform(config, prec, prefix + ".transform")
-        self.decoder = BertDecoder(config, prec, prefix + ".decoder")
+        self.transform = BertPredictionHeadTransform(config, build, prefix + ".transform")
+        self.decoder = BertDecoder(config, build, prefix + ".decoder")
 
 
-class BertForMaskedLM(_Cell):
+class BertForMaskedLM(ModelCell):
     """HF BertForMaskedLM; see the module docstring for the call."""
 
     config_class = BertConfig
 
     def __init__(self, config: BertConfig, seed: int = 0):
-        prec = _precision(config, seed)
-        super().__init__(prec)
+        build = _model_build(config, seed)
+        super().__init__(build.precision)
         self.config = config
         self.vocab_size = config.vocab_size
         self.ignore_index = config.ignore_token_id
         self.tie_word_embeddings = config.tie_word_embeddings
-        self.bert = BertModel(config, seed, add_pooling_layer=False, _prec=prec, _prefix="bert.")
-        self.cls = BertMLMHead(config, prec, "cls")
-        _name_parameters(self)
+        self.bert = BertModel(config, seed, add_pooling_layer=False, _build=build, _prefix="bert.")
+        self.cls = BertMLMHead(config, build, "cls")
+        name_parameters(self)
 
     @staticmethod
     def hidden_names(config: BertConfig, detail: bool = False) -> list[str]:
@@ -311,10 +280,4 @@ class BertForMaskedLM(_Cell):
             loss = self._r(masked_lm_loss(logits, labels, self.vocab_size, self.ignore_index))
         if output_hidden_states:
             hidden = hidden + (t,)
-        if self.emulate:
-            logits = logits.astype(self.cdtype)
-            if output_hidden_states:
-                hidden = cast_outputs(self, hidden)
-        if not output_hidden_states:
-            hidden = None
-        return logits, loss, hidden
+        return self._hand_out(logits), loss, self._hidden_out(hidden, output_hidden_states)

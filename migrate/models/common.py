@@ -1,66 +1,85 @@
-"""Pieces shared by the bundled GPT-2 and BERT models.
-
-The precision policy (`_Precision`, `_Cell`: parameters in the compute dtype;
-on CPU low precision is emulated with fp32 activations rounded once per op where
-HF's model would hold a tensor of that dtype) and torch-layout `Linear` come
-from `migrate.models.llama`; this module adds what those two families need on
-top: LayerNorm, embedding lookups, HF's activations, additive attention masks,
-HF's losses and a config mixin for `model.yaml`.
+"""Layers the bundled Llama, GPT-2 and BERT share, each computing under the
+model's precision policy (`migrate.models.base`) and through its kernel seams
+(`migrate.models.kernels`): torch-layout and Conv1D-layout dense layers, the
+tied LM head, LayerNorm, embedding lookups, HF's activations, additive
+attention masks and HF's losses.
 """
 from __future__ import annotations
 
 import math
-import zlib
 
 import mindspore as ms
-from mindspore import Parameter, mint, ops
-from mindspore.common.initializer import initializer
+from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
-from migrate.models.config import ConfigIO  # noqa: F401 (re-exported for the GPT-2 / BERT configs)
-from migrate.models.llama import _DTYPES, _MIN, F32, Linear, _Cell, _Precision, _SeededNormal  # noqa: F401 (re-exported)
+from migrate.models.base import F32, MIN_VALUE, Build, ModelCell, PrecisionPolicy, hidden_names, name_parameters
+from migrate.models.kernels import LinearKernel, LookupKernel, MatMulKernel
+
+MATMUL_SITES = ("matmul_in", "matmul_param", "matmul_out")
 
 
-def check_dtype(compute_dtype: str) -> None:
-    if compute_dtype not in _DTYPES:
-        raise MigrateError(f"compute_dtype {compute_dtype!r} is not supported; supported: {', '.join(_DTYPES)}")
+# ---------------------------------------------------------------- dense layers
+
+class Linear(ModelCell):
+    """torch.nn.Linear layout: weight (out, in), optional bias; computed by `self.kernel` (the projection seam)."""
+
+    SITES = MATMUL_SITES
+
+    def __init__(self, in_features: int, out_features: int, has_bias: bool, build: Build, prefix: str):
+        super().__init__(build.precision)
+        self.weight = build.normal(prefix + ".weight", (out_features, in_features))
+        self.bias = build.const(prefix + ".bias", (out_features,), "zeros") if has_bias else None
+        self.kernel = LinearKernel()
+
+    def construct(self, x):
+        bias = None if self.bias is None else self._p(self.bias, "matmul_param")
+        y = self.kernel(self._r(x, "matmul_in"), self._p(self.weight, "matmul_param"), bias)
+        return self._r(y, "matmul_out")
 
 
-# ---------------------------------------------------------------- parameters
-
-def normal_param(prec: _Precision, name: str, shape, std: float | None = None,
-                 zero_row: int | None = None) -> Parameter:
-    """Normal(0, std) parameter seeded from (model seed, name); std defaults to initializer_range."""
-    std = prec.std if std is None else std
-    seed = zlib.crc32(f"{prec.seed}:{name}".encode())
-    return Parameter(initializer(_SeededNormal(std, seed, zero_row), shape, prec.dtype), name=name)
-
-
-class LinearInOut(_Cell):
+class LinearInOut(ModelCell):
     """A dense layer whose weight is stored (in, out): HF's Conv1D and MindFormers'
     legacy `_Linear(transpose_b=False)` layout. y = x @ W + b."""
 
-    def __init__(self, in_features: int, out_features: int, prec: _Precision, prefix: str, std: float | None = None):
-        super().__init__(prec)
-        self.weight = normal_param(prec, prefix + ".weight", (in_features, out_features), std)
-        self.bias = prec.const(prefix + ".bias", (out_features,), "zeros")
+    def __init__(self, in_features: int, out_features: int, build: Build, prefix: str, std: float | None = None):
+        super().__init__(build.precision)
+        self.weight = build.normal(prefix + ".weight", (in_features, out_features), std=std)
+        self.bias = build.const(prefix + ".bias", (out_features,), "zeros")
+        self.kernel = MatMulKernel()
 
     def construct(self, x):
-        return self._r(mint.matmul(x, self._p(self.weight)) + self._p(self.bias))
+        return self._r(self.kernel(x, self._p(self.weight)) + self._p(self.bias))
 
 
-class LayerNorm(_Cell):
+class TiedHead(ModelCell):
+    """The LM head tied to the embedding table: logits = h · Eᵀ. Holds no parameters:
+    the caller passes the table, already in the activation dtype."""
+
+    SITES = MATMUL_SITES
+
+    def __init__(self, precision: PrecisionPolicy):
+        super().__init__(precision)
+        self.kernel = MatMulKernel(transpose_b=True)
+
+    def construct(self, h, weight):
+        logits = self.kernel(self._r(h, "matmul_in"), self._r(weight, "matmul_param"))
+        return self._r(logits, "matmul_out")
+
+
+# ---------------------------------------------------------------- norms, embeddings
+
+class LayerNorm(ModelCell):
     """torch.nn.LayerNorm over the last axis: biased variance, eps inside the sqrt,
     computed in fp32 and rounded once (torch's CPU kernel for half types does the same).
     `names` are the attribute (hence parameter) names of scale and shift."""
 
-    def __init__(self, size: int, eps: float, prec: _Precision, prefix: str, names=("weight", "bias")):
-        super().__init__(prec)
+    def __init__(self, size: int, eps: float, build: Build, prefix: str, names=("weight", "bias")):
+        super().__init__(build.precision)
         self.eps = eps
         self.scale_name, self.shift_name = names
         # mint's layer_norm (LayerNormExt) has no CPU kernel: written out here.
-        setattr(self, names[0], prec.const(f"{prefix}.{names[0]}", (size,), "ones"))
-        setattr(self, names[1], prec.const(f"{prefix}.{names[1]}", (size,), "zeros"))
+        setattr(self, names[0], build.const(f"{prefix}.{names[0]}", (size,), "ones"))
+        setattr(self, names[1], build.const(f"{prefix}.{names[1]}", (size,), "zeros"))
 
     def construct(self, x):
         scale = getattr(self, self.scale_name)
@@ -73,15 +92,19 @@ class LayerNorm(_Cell):
         return self._r(out.astype(self.act))
 
 
-class Embedding(_Cell):
-    """Lookup table; `padding_idx` as torch's: that row gets no gradient from lookups."""
+class Embedding(ModelCell):
+    """Lookup table through `self.lookup` (the lookup seam); `padding_idx` as torch's:
+    that row gets no gradient from lookups."""
 
-    def __init__(self, num: int, size: int, prec: _Precision, prefix: str, attr: str = "embedding_weight",
+    SITES = ()
+
+    def __init__(self, num: int, size: int, build: Build, prefix: str, attr: str = "embedding_weight",
                  padding_idx: int | None = None):
-        super().__init__(prec)
+        super().__init__(build.precision)
         self.attr = attr
         self.padding_idx = padding_idx
-        setattr(self, attr, normal_param(prec, f"{prefix}.{attr}", (num, size), zero_row=padding_idx))
+        setattr(self, attr, build.normal(f"{prefix}.{attr}", (num, size), zero_row=padding_idx))
+        self.lookup = LookupKernel()
 
     def table(self):
         """The table in the activation dtype (cast once; share it when the head is tied)."""
@@ -90,8 +113,7 @@ class Embedding(_Cell):
     def construct(self, ids, weight=None):
         if weight is None:
             weight = self.table()
-        # ops.gather, not mint.nn.Embedding: the latter's backward fails on CPU.
-        out = ops.gather(weight, ids, 0)
+        out = self.lookup(weight, ids)
         if self.padding_idx is not None:
             keep = (ids != self.padding_idx).expand_dims(-1)
             out = mint.where(keep, out, ops.stop_gradient(out))
@@ -104,12 +126,12 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish",
 _GELU_NEW_C = math.sqrt(2.0 / math.pi)
 
 
-class Activation(_Cell):
+class Activation(ModelCell):
     """HF's ACT2FN[name]. gelu_new is written op by op as HF writes it
     (NewGELUActivation), so low-precision rounding falls where HF's does."""
 
-    def __init__(self, name: str, prec: _Precision, field: str = "hidden_act"):
-        super().__init__(prec)
+    def __init__(self, name: str, precision: PrecisionPolicy, field: str = "hidden_act"):
+        super().__init__(precision)
         if name not in ACTIVATIONS:
             raise MigrateError(f"{field} {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
         self.name = name
@@ -134,15 +156,19 @@ class Activation(_Cell):
 
 # ---------------------------------------------------------------- masks
 
-def causal_mask(batch: int, seq_len: int, attention_mask, min_value: float, dtype):
-    """HF eager's additive causal mask (0 keep, dtype min drop), (b or 1, 1, s, s)."""
+def causal_mask(batch: int, seq_len: int, attention_mask, fill_value: float, dtype, window=None):
+    """HF eager's additive causal mask (0 keep, `fill_value` drop), (b or 1, 1, s, s);
+    with `window`, HF's sliding_window_overlay (key kept while kv_idx > q_idx - window)."""
     # ops.arange: mint.arange has no CPU kernel.
     idx = ops.arange(0, seq_len, dtype=ms.int32)
-    keep = (idx.expand_dims(0) <= idx.expand_dims(1)).reshape(1, 1, seq_len, seq_len)
+    keep = idx.expand_dims(0) <= idx.expand_dims(1)  # [q, k]: key at or before query
+    if window is not None:
+        keep = mint.logical_and(keep, idx.expand_dims(0) > idx.expand_dims(1) - window)
+    keep = keep.reshape(1, 1, seq_len, seq_len)
     if attention_mask is not None:
         keep = mint.logical_and(keep, attention_mask.astype(ms.bool_).reshape(batch, 1, 1, seq_len))
     # Arithmetic in fp32 (mint.full/where on bf16 lack CPU kernels); the cast is exact.
-    return ((1.0 - keep.astype(F32)) * min_value).astype(dtype)
+    return ((1.0 - keep.astype(F32)) * fill_value).astype(dtype)
 
 
 def padding_mask(batch: int, seq_len: int, attention_mask, min_value: float, dtype):
@@ -151,26 +177,108 @@ def padding_mask(batch: int, seq_len: int, attention_mask, min_value: float, dty
     return ((1.0 - keep) * min_value).astype(dtype)
 
 
+class CausalMask(ModelCell):
+    """The additive causal mask in the activation dtype; `fill_value` (the seam) is what
+    dropped keys get: the minimum of the parameters' dtype, as HF fills."""
+
+    SITES = ()
+
+    def __init__(self, build: Build):
+        super().__init__(build.precision)
+        self.fill_value = MIN_VALUE[build.dtype]
+
+    def construct(self, batch, seq_len, attention_mask=None, window=None):
+        return causal_mask(batch, seq_len, attention_mask, self.fill_value, self.act, window)
+
+
 # ---------------------------------------------------------------- losses
 
 def causal_lm_loss(logits, labels, vocab_size: int, ignore_index: int):
     """HF ForCausalLMLoss: fp32 logits, labels shifted left, ignore_index padded at the end."""
     pad = labels[:, :1] * 0 + ignore_index  # mint.full/zeros_like lack CPU kernels
     shift = mint.cat((labels[:, 1:], pad), 1).reshape(-1)
-    flat = logits.astype(F32).reshape(-1, vocab_size)
-    # ops.cross_entropy: mint's (LogSoftmaxExt) has no CPU kernel in PyNative.
-    return ops.cross_entropy(flat, shift, ignore_index=ignore_index, reduction="mean")
+    return masked_lm_loss(logits, shift, vocab_size, ignore_index)
 
 
 def masked_lm_loss(logits, labels, vocab_size: int, ignore_index: int):
     """torch CrossEntropyLoss over every position (no shift), ignoring ignore_index."""
     flat = logits.astype(F32).reshape(-1, vocab_size)
+    # ops.cross_entropy: mint's (LogSoftmaxExt) has no CPU kernel in PyNative.
     return ops.cross_entropy(flat, labels.reshape(-1), ignore_index=ignore_index, reduction="mean")
 
 
-def cast_outputs(cell: _Cell, tensors: tuple) -> tuple:
-    """Emulated low precision: hand out tensors of the compute dtype, as HF's model would."""
-    out = ()
-    for x in tensors:
-        out = out + (x.astype(cell.cdtype),)
-    return out
+class CrossEntropy(nn.Cell):
+    """The loss seam: mean cross-entropy of fp32 logits against labels at the same position."""
+
+    def __init__(self, vocab_size: int, ignore_index: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.ignore_index = ignore_index
+
+    def construct(self, logits, labels):
+        return masked_lm_loss(logits, labels, self.vocab_size, self.ignore_index)
+
+
+class ShiftedCrossEntropy(CrossEntropy):
+    """HF's causal LM loss: position t predicts label t + 1."""
+
+    def construct(self, logits, labels):
+        return causal_lm_loss(logits, labels, self.vocab_size, self.ignore_index)
+
+
+# ---------------------------------------------------------------- the causal LM head
+
+class CausalLM(ModelCell):
+    """HF's *ForCausalLM around a decoder: the LM head (tied: `tied_head` over the embedding
+    table; else its own `lm_head`), HF's shifted loss (`loss_fn`, a seam) and the outputs as
+    HF hands them out.
+
+    A subclass builds its decoder under the attribute `DECODER` names (called as
+    `decoder(input_ids, attention_mask, output_hidden_states, table)` -> (h, hidden)), says
+    where its word embedding sits (`word_embedding`), then calls `_complete`. `HIDDEN`
+    names the hidden entries: (embedding, layers, (attention part, MLP part), final norm).
+    """
+
+    SITES = ()
+    DECODER: str
+    HIDDEN: tuple[str, str, tuple[str, str], str]
+
+    @classmethod
+    def hidden_names(cls, config, detail: bool = False) -> list[str]:
+        """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
+        embedding, layers, parts, final = cls.HIDDEN
+        return hidden_names(embedding, layers, config.num_layers, parts, detail) + [final]
+
+    def _complete(self, config, build: Build) -> None:
+        """Add the LM head and the loss after the decoder, keep the config, and name every
+        parameter by its full path (checkpoints are keyed by it)."""
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.ignore_index = config.ignore_token_id
+        self.tie_word_embeddings = config.tie_word_embeddings
+        if config.tie_word_embeddings:
+            # A cell of its own, without parameters: parallel code swaps its kernel, stages it.
+            self.tied_head = TiedHead(build.precision)
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, build, "lm_head")
+        self.loss_fn = ShiftedCrossEntropy(config.vocab_size, config.ignore_token_id)
+        name_parameters(self)
+
+    def word_embedding(self) -> Embedding:
+        raise NotImplementedError
+
+    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False):
+        table = None
+        if self.tie_word_embeddings:
+            # One cast shared by lookup and head: in GRAPH_MODE two casts of a bf16
+            # parameter need a bf16 TensorMove, which CPU lacks.
+            table = self.word_embedding().table()
+        h, hidden = getattr(self, self.DECODER)(input_ids, attention_mask, output_hidden_states, table)
+        if self.tie_word_embeddings:
+            logits = self.tied_head(h, table)
+        else:
+            logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            loss = self.loss_fn(logits, labels)
+        return self._hand_out(logits), loss, self._hidden_out(hidden, output_hidden_states)

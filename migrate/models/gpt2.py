@@ -21,7 +21,7 @@ checkpoint saved from this model also loads into MindFormers:
 (embedding output, each block's output, final LayerNorm output) or "detail"
 (additionally each block's attention and MLP outputs before their residual add);
 `GPT2LMHeadModel.hidden_names(...)` names the entries. Precision handling as in
-`migrate.models.llama` (fp32 exact; bf16/fp16 emulated on CPU).
+`migrate.models.base` (fp32 exact; bf16/fp16 emulated on CPU).
 """
 from __future__ import annotations
 
@@ -31,19 +31,17 @@ import mindspore as ms
 from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
-from migrate.models.common import (
-    _DTYPES, _MIN, F32, Activation, Embedding, LayerNorm, Linear, LinearInOut, _Cell, _Precision,
-    causal_lm_loss, causal_mask, cast_outputs, check_dtype,
-)
+from migrate.models.base import F32, Build, ModelCell
+from migrate.models.common import Activation, CausalLM, CausalMask, Embedding, LayerNorm, Linear, LinearInOut
 from migrate.models.gpt2_config import GPT2Config  # noqa: F401 (re-exported: mindspore-free for convert)
 
 
-class GPT2Embedding(_Cell):
-    def __init__(self, config: GPT2Config, prec: _Precision, prefix: str):
-        super().__init__(prec)
+class GPT2Embedding(ModelCell):
+    def __init__(self, config: GPT2Config, build: Build, prefix: str):
+        super().__init__(build.precision)
         h = config.hidden_size
-        self.word_embedding = Embedding(config.vocab_size, h, prec, prefix + ".word_embedding", "embedding_table")
-        self.position_embedding = Embedding(config.seq_length, h, prec, prefix + ".position_embedding",
+        self.word_embedding = Embedding(config.vocab_size, h, build, prefix + ".word_embedding", "embedding_table")
+        self.position_embedding = Embedding(config.seq_length, h, build, prefix + ".position_embedding",
                                             "embedding_table")
         self.dropout = config.embedding_dropout_prob
 
@@ -51,14 +49,12 @@ class GPT2Embedding(_Cell):
         seq_len = input_ids.shape[1]
         positions = ops.arange(0, seq_len, dtype=ms.int32)
         h = self._r(self.word_embedding(input_ids, word_table) + self.position_embedding(positions).expand_dims(0))
-        if self.training and self.dropout > 0:
-            h = ops.dropout(h, p=self.dropout, training=True)  # mint's dropout has no CPU kernel
-        return h
+        return self._dropout(h, self.dropout)
 
 
-class GPT2Attention(_Cell):
-    def __init__(self, config: GPT2Config, layer_idx: int, prec: _Precision, prefix: str, proj_std: float):
-        super().__init__(prec)
+class GPT2Attention(ModelCell):
+    def __init__(self, config: GPT2Config, layer_idx: int, build: Build, prefix: str, proj_std: float):
+        super().__init__(build.precision)
         h = config.hidden_size
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
@@ -71,10 +67,10 @@ class GPT2Attention(_Cell):
         self.upcast = config.reorder_and_upcast_attn
         self.attn_dropout = config.attention_dropout_rate
         self.resid_dropout = config.hidden_dropout_rate
-        self.dense1 = Linear(h, h, True, prec, prefix + ".dense1")  # q
-        self.dense2 = Linear(h, h, True, prec, prefix + ".dense2")  # k
-        self.dense3 = Linear(h, h, True, prec, prefix + ".dense3")  # v
-        self.projection = LinearInOut(h, h, prec, prefix + ".projection", std=proj_std)
+        self.dense1 = Linear(h, h, True, build, prefix + ".dense1")  # q
+        self.dense2 = Linear(h, h, True, build, prefix + ".dense2")  # k
+        self.dense3 = Linear(h, h, True, build, prefix + ".dense3")  # v
+        self.projection = LinearInOut(h, h, build, prefix + ".projection", std=proj_std)
 
     def construct(self, x, mask):
         b, s, _ = x.shape
@@ -91,41 +87,35 @@ class GPT2Attention(_Cell):
             scores = self._r(self._r(mint.matmul(q, k.swapaxes(2, 3))) * self.scaling)
             scores = self._r(scores + mask)
             probs = self._r(mint.nn.functional.softmax(scores.astype(F32), dim=-1).astype(self.act))
-        if self.training and self.attn_dropout > 0:
-            probs = ops.dropout(probs, p=self.attn_dropout, training=True)
+        probs = self._dropout(probs, self.attn_dropout)
         out = self._r(mint.matmul(probs, v))
         out = self.projection(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
-        if self.training and self.resid_dropout > 0:
-            out = ops.dropout(out, p=self.resid_dropout, training=True)
-        return out
+        return self._dropout(out, self.resid_dropout)
 
 
-class GPT2MLP(_Cell):
-    def __init__(self, config: GPT2Config, prec: _Precision, prefix: str, proj_std: float):
-        super().__init__(prec)
+class GPT2MLP(ModelCell):
+    def __init__(self, config: GPT2Config, build: Build, prefix: str, proj_std: float):
+        super().__init__(build.precision)
         h, i = config.hidden_size, config.inner_size
-        self.mapping = LinearInOut(h, i, prec, prefix + ".mapping")            # HF mlp.c_fc
-        self.projection = LinearInOut(i, h, prec, prefix + ".projection", std=proj_std)  # HF mlp.c_proj
-        self.act = Activation(config.hidden_act, prec, "hidden_act (HF activation_function)")
+        self.mapping = LinearInOut(h, i, build, prefix + ".mapping")            # HF mlp.c_fc
+        self.projection = LinearInOut(i, h, build, prefix + ".projection", std=proj_std)  # HF mlp.c_proj
+        self.act_fn = Activation(config.hidden_act, build.precision, "hidden_act (HF activation_function)")
         self.dropout = config.hidden_dropout_rate
 
     def construct(self, x):
-        out = self.projection(self.act(self.mapping(x)))
-        if self.training and self.dropout > 0:
-            out = ops.dropout(out, p=self.dropout, training=True)
-        return out
+        return self._dropout(self.projection(self.act_fn(self.mapping(x))), self.dropout)
 
 
-class GPT2Block(_Cell):
-    def __init__(self, config: GPT2Config, layer_idx: int, prec: _Precision, prefix: str):
-        super().__init__(prec)
+class GPT2Block(ModelCell):
+    def __init__(self, config: GPT2Config, layer_idx: int, build: Build, prefix: str):
+        super().__init__(build.precision)
         # HF's GPT-2 scheme: residual-path projections start at std / sqrt(2 * n_layer).
         proj_std = config.initializer_range / math.sqrt(2 * config.num_layers)
         eps, h, ln = config.layer_norm_eps, config.hidden_size, ("gamma", "beta")
-        self.layernorm1 = LayerNorm(h, eps, prec, prefix + ".layernorm1", ln)
-        self.attention = GPT2Attention(config, layer_idx, prec, prefix + ".attention", proj_std)
-        self.layernorm2 = LayerNorm(h, eps, prec, prefix + ".layernorm2", ln)
-        self.output = GPT2MLP(config, prec, prefix + ".output", proj_std)
+        self.layernorm1 = LayerNorm(h, eps, build, prefix + ".layernorm1", ln)
+        self.attention = GPT2Attention(config, layer_idx, build, prefix + ".attention", proj_std)
+        self.layernorm2 = LayerNorm(h, eps, build, prefix + ".layernorm2", ln)
+        self.output = GPT2MLP(config, build, prefix + ".output", proj_std)
 
     def construct(self, x, mask):
         attn = self.attention(self.layernorm1(x), mask)
@@ -134,36 +124,33 @@ class GPT2Block(_Cell):
         return self._r(h + mlp), attn, mlp
 
 
-class GPT2Model(_Cell):
-    def __init__(self, config: GPT2Config, prec: _Precision, prefix: str = "backbone"):
-        super().__init__(prec)
+class GPT2Model(ModelCell):
+    def __init__(self, config: GPT2Config, build: Build, prefix: str = "backbone"):
+        super().__init__(build.precision)
         self.seq_length = config.seq_length
-        self.embedding = GPT2Embedding(config, prec, prefix + ".embedding")
+        self.embedding = GPT2Embedding(config, build, prefix + ".embedding")
         self.blocks = nn.CellList(
-            [GPT2Block(config, i, prec, f"{prefix}.blocks.{i}") for i in range(config.num_layers)]
+            [GPT2Block(config, i, build, f"{prefix}.blocks.{i}") for i in range(config.num_layers)]
         )
-        self.layernorm = LayerNorm(config.hidden_size, config.layer_norm_eps, prec, prefix + ".layernorm",
+        self.layernorm = LayerNorm(config.hidden_size, config.layer_norm_eps, build, prefix + ".layernorm",
                                    ("gamma", "beta"))
-        self.min_value = _MIN[prec.dtype]
+        self.mask = CausalMask(build)
 
     def construct(self, input_ids, attention_mask=None, output_hidden_states=False, word_table=None):
         b, s = input_ids.shape
         if s > self.seq_length:
             raise ValueError(f"sequence length {s} exceeds the position table ({self.seq_length})")
         h = self.embedding(input_ids, word_table)
-        mask = causal_mask(b, s, attention_mask, self.min_value, self.act)
+        mask = self.mask(b, s, attention_mask)
         hidden = (h,)
         for block in self.blocks:
             h, attn, mlp = block(h, mask)
-            if output_hidden_states == "detail":
-                hidden = hidden + (attn, mlp, h)
-            elif output_hidden_states:
-                hidden = hidden + (h,)
+            hidden = self._keep_hidden(hidden, output_hidden_states, attn, mlp, h)
         h = self.layernorm(h)
         return h, hidden + (h,)
 
 
-class GPT2LMHeadModel(_Cell):
+class GPT2LMHeadModel(CausalLM):
     """HF GPT2LMHeadModel in MindSpore; see the module docstring for the call.
 
     `seed` makes the HF-style initialisation reproducible: normal(0, initializer_range)
@@ -172,50 +159,16 @@ class GPT2LMHeadModel(_Cell):
     """
 
     config_class = GPT2Config
+    DECODER = "backbone"
+    HIDDEN = ("backbone.embedding", "backbone.blocks", ("attention", "output"), "backbone.layernorm")
 
     def __init__(self, config: GPT2Config, seed: int = 0):
-        check_dtype(config.compute_dtype)
+        build = Build(config.compute_dtype, config.initializer_range, seed)
         if config.add_cross_attention:
             raise MigrateError("add_cross_attention is not supported by the bundled GPT-2")
-        prec = _Precision(_DTYPES[config.compute_dtype], config.initializer_range, seed)
-        super().__init__(prec)
-        self.config = config
-        self.vocab_size = config.vocab_size
-        self.ignore_index = config.ignore_token_id
-        self.tie_word_embeddings = config.tie_word_embeddings
-        self.backbone = GPT2Model(config, prec, "backbone")
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, prec, "lm_head")
-        # Parameters carry their full path as name (checkpoints are keyed by it).
-        for name, param in self.parameters_and_names():
-            param.name = name
+        super().__init__(build.precision)
+        self.backbone = GPT2Model(config, build, "backbone")
+        self._complete(config, build)
 
-    @staticmethod
-    def hidden_names(config: GPT2Config, detail: bool = False) -> list[str]:
-        """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
-        names = ["backbone.embedding"]
-        for i in range(config.num_layers):
-            block = f"backbone.blocks.{i}"
-            names += [f"{block}.attention", f"{block}.output", block] if detail else [block]
-        return names + ["backbone.layernorm"]
-
-    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False):
-        if self.tie_word_embeddings:
-            # One cast shared by lookup and head (a bf16 parameter cast twice needs a
-            # bf16 TensorMove in GRAPH_MODE, which CPU lacks).
-            table = self.backbone.embedding.word_embedding.table()
-            h, hidden = self.backbone(input_ids, attention_mask, output_hidden_states, table)
-            logits = self._r(mint.matmul(h, table.T))
-        else:
-            h, hidden = self.backbone(input_ids, attention_mask, output_hidden_states)
-            logits = self.lm_head(h)
-        loss = None
-        if labels is not None:
-            loss = causal_lm_loss(logits, labels, self.vocab_size, self.ignore_index)
-        if self.emulate:
-            logits = logits.astype(self.cdtype)
-            if output_hidden_states:
-                hidden = cast_outputs(self, hidden)
-        if not output_hidden_states:
-            hidden = None
-        return logits, loss, hidden
+    def word_embedding(self):
+        return self.backbone.embedding.word_embedding

@@ -2,15 +2,16 @@
 
     strategies = assign_strategies(model, layout)    # {"model.layers.0.attention.wq.matmul": ((2, 1), (4, 1)), ...}
 
-The bundled model (migrate/models/llama.py) computes its projections with
-`mint.nn.functional.linear` and its attention with `mint.matmul`: functional
-calls that carry no primitive object, so nothing to call `.shard()` on.
-`assign_strategies` therefore swaps cells for drop-in subclasses that hold
-MindSpore primitives (`ops.MatMul`, `ops.BatchMatMul`, `ops.Gather`,
-`ops.Softmax`), keeps the very same Parameter objects (names, values and the
-optimizer's references are untouched), and sets the strategies on those
-primitives. On a single device the strategies are ignored and the swapped
-model computes what the original does (tests check it).
+The bundled model computes its matmuls, attention softmax and embedding lookup
+through kernel cells (`migrate.models.kernels`): seams whose defaults are
+functional calls that carry no primitive, so nothing to call `.shard()` on.
+`assign_strategies` swaps each for a kernel built from MindSpore primitives
+(`ops.MatMul`, `ops.Add`, `ops.BatchMatMul`, `ops.Softmax`, `ops.Gather`) and
+sets the strategies on those primitives. Nothing else changes: the cells, their
+Parameters (names, values, the optimizer's references) and their precision
+policy (kernels round nothing; the owning cell rounds around them, so an
+autocast model stays autocast). On a single device the strategies are ignored
+and the model computes what it did (tests check it).
 
 Strategies follow MindFormers' Llama (weights are (out, in), so MatMul has
 transpose_b=True; activations are flattened to (batch·seq, hidden)):
@@ -27,6 +28,10 @@ transpose_b=True; activations are flattened to (batch·seq, hidden)):
   embedding gather                ((mp, 1), (dp, 1))              vocab-parallel table, batch split over dp
   lm_head, or tied_head           ((dp, 1), (mp, 1))              vocab-parallel logits
 
+An op is named by the model cell it computes for and its primitive
+(`model.layers.0.attention.wq.matmul`, `...attention.bmm_qk`): a kernel is a
+seam, not a layer, and adds no name of its own.
+
 Norms, residual adds, RoPE and SwiGLU elementwise ops are not annotated:
 under the default context (`parallel_context`, sharding propagation) MindSpore
 derives their layouts from the annotated ops; under plain semi-auto they take
@@ -42,183 +47,138 @@ indices, which is what the row-parallel w2 expects. Replicated k/v
 refuses that combination.
 
 Tied embeddings: the head is the parameter-free `tied_head` cell
-(construct(h, weight)); it is swapped and annotated like lm_head, its weight
-operand split over the vocabulary like the embedding gather's table.
+(construct(h, weight)); its kernel is swapped and annotated like lm_head's, its
+weight operand split over the vocabulary like the embedding gather's table.
 """
 from __future__ import annotations
 
-from mindspore import mint, nn, ops
+from mindspore import ops
 
-from migrate.models.llama import F32, Linear, LlamaAttention, LlamaEmbedding, TiedHead
+from migrate.models.common import Embedding, Linear, TiedHead
+from migrate.models.kernels import Kernel
+from migrate.models.llama import LlamaAttention
 from migrate.parallel.layout import Layout, check, kv_replicated
 
+_LINEAR_STRATEGIES = {  # kind -> (matmul, bias add)
+    "column": lambda dp, mp: (((dp, 1), (mp, 1)), ((dp, mp), (mp,))),
+    "row": lambda dp, mp: (((dp, mp), (1, mp)), ((dp, 1), (1,))),
+    "replicated": lambda dp, mp: (((dp, 1), (1, 1)), ((dp, 1), (1,))),
+}
 
-def _copy_precision(dst: nn.Cell, src: nn.Cell) -> None:
-    dst.emulate, dst.cdtype, dst.act = src.emulate, src.cdtype, src.act
-    dst.training = src.training
+
+class ShardedKernel(Kernel):
+    """Base of the kernels built from primitives that carry shard strategies."""
 
 
-class ShardedLinear(Linear):
-    """`Linear` through an `ops.MatMul` primitive (weight (out, in), transpose_b) that can carry a strategy."""
+class ShardedLinearKernel(ShardedKernel):
+    """x·Wᵀ + b through `ops.MatMul(transpose_b=True)` and `ops.Add` (only with a bias)."""
 
-    def __init__(self, linear: Linear):
-        nn.Cell.__init__(self)
-        _copy_precision(self, linear)
-        self.weight = linear.weight
-        self.bias = linear.bias
+    def __init__(self, has_bias: bool):
+        super().__init__()
         self.matmul = ops.MatMul(transpose_b=True)
-        self.bias_add = ops.Add() if linear.bias is not None else None
+        self.bias_add = ops.Add() if has_bias else None
 
     def set_strategy(self, kind: str, dp: int, mp: int) -> None:
         """kind: "column" (split out dim), "row" (split in dim), "replicated" (weight whole on every rank)."""
-        strategies = {
-            "column": (((dp, 1), (mp, 1)), ((dp, mp), (mp,))),
-            "row": (((dp, mp), (1, mp)), ((dp, 1), (1,))),
-            "replicated": (((dp, 1), (1, 1)), ((dp, 1), (1,))),
-        }
-        if kind not in strategies:
+        if kind not in _LINEAR_STRATEGIES:
             raise ValueError(f"unknown linear strategy kind {kind!r}")
-        matmul, bias = strategies[kind]
+        matmul, bias = _LINEAR_STRATEGIES[kind](dp, mp)
         self.matmul.shard(matmul)
         if self.bias_add is not None:
             self.bias_add.shard(bias)
 
-    def construct(self, x):
+    def construct(self, x, weight, bias=None):
         shape = x.shape
-        y = self.matmul(x.reshape(-1, shape[-1]), self._p(self.weight))
-        if self.bias is not None:
-            y = self.bias_add(y, self._p(self.bias))
-        return self._r(y.reshape(shape[:-1] + (y.shape[-1],)))
+        y = self.matmul(x.reshape(-1, shape[-1]), weight)
+        if bias is not None:
+            y = self.bias_add(y, bias)
+        return y.reshape(shape[:-1] + (y.shape[-1],))
 
 
-class ShardedEmbedding(LlamaEmbedding):
-    """`LlamaEmbedding` with its lookup as an `ops.Gather` primitive."""
+class ShardedScoresKernel(ShardedKernel):
+    """q·kᵀ through `ops.BatchMatMul(transpose_b=True)`."""
 
-    def __init__(self, emb: LlamaEmbedding):
-        nn.Cell.__init__(self)
-        _copy_precision(self, emb)
-        self.embedding_weight = emb.embedding_weight
-        self.padding_idx = emb.padding_idx
+    def __init__(self):
+        super().__init__()
+        self.bmm_qk = ops.BatchMatMul(transpose_b=True)
+
+    def construct(self, q, k):
+        return self.bmm_qk(q, k)
+
+
+class ShardedMixKernel(ShardedKernel):
+    """probs·v through `ops.BatchMatMul`."""
+
+    def __init__(self):
+        super().__init__()
+        self.bmm_pv = ops.BatchMatMul()
+
+    def construct(self, probs, v):
+        return self.bmm_pv(probs, v)
+
+
+class ShardedSoftmaxKernel(ShardedKernel):
+    def __init__(self):
+        super().__init__()
+        self.softmax = ops.Softmax(axis=-1)
+
+    def construct(self, x):
+        return self.softmax(x)
+
+
+class ShardedLookupKernel(ShardedKernel):
+    """table[ids] through `ops.Gather`."""
+
+    def __init__(self):
+        super().__init__()
         self.gather = ops.Gather()
 
     def set_strategy(self, dp: int, mp: int) -> None:
         self.gather.shard(((mp, 1), (dp, 1)))
 
-    def construct(self, input_ids, weight=None):
-        if weight is None:
-            weight = self._p(self.embedding_weight)
-        out = self.gather(weight, input_ids, 0)
-        if self.padding_idx is not None:
-            keep = (input_ids != self.padding_idx).expand_dims(-1)
-            out = mint.where(keep, out, ops.stop_gradient(out))
-        return out
+    def construct(self, table, ids):
+        return self.gather(table, ids, 0)
 
 
-class ShardedTiedHead(TiedHead):
-    """`TiedHead` through an `ops.MatMul` primitive: h · Eᵀ with E the (vocab, hidden) embedding table."""
-
-    def __init__(self, head: TiedHead):
-        nn.Cell.__init__(self)
-        _copy_precision(self, head)
-        self.matmul = ops.MatMul(transpose_b=True)
-
-    def set_strategy(self, dp: int, mp: int) -> None:
-        # Vocab-parallel: the table is split over its rows, as for the embedding gather.
-        self.matmul.shard(((dp, 1), (mp, 1)))
-
-    def construct(self, h, weight):
-        shape = h.shape
-        y = self.matmul(h.reshape(-1, shape[-1]), weight)
-        return self._r(y.reshape(shape[:-1] + (y.shape[-1],)))
+def _swap(cell, seam: str, make) -> None:
+    if not isinstance(getattr(cell, seam), ShardedKernel):
+        setattr(cell, seam, make())
 
 
-class ShardedAttention(LlamaAttention):
-    """`LlamaAttention` with q·kᵀ, softmax and probs·v as primitives; same math, same parameters.
-
-    construct mirrors LlamaAttention.construct line for line with the three
-    functional calls replaced; tests compare the two on CPU.
-    """
-
-    def __init__(self, attn: LlamaAttention):
-        nn.Cell.__init__(self)
-        _copy_precision(self, attn)
-        for name in ("num_heads", "n_kv_heads", "n_rep", "head_dim", "scaling", "dropout", "qkv_concat"):
-            setattr(self, name, getattr(attn, name))
-        for name in _projections(attn):
-            setattr(self, name, _as_sharded_linear(getattr(attn, name)))
-        self.bmm_qk = ops.BatchMatMul(transpose_b=True)
-        self.softmax = ops.Softmax(axis=-1)
-        self.bmm_pv = ops.BatchMatMul()
-
-    def set_strategy(self, dp: int, mp: int, kv_replicated: bool) -> None:
-        if self.qkv_concat:
-            if kv_replicated:  # layout.validate refuses this; k/v rows are fused with q's
-                raise ValueError("a fused w_qkv cannot replicate k/v apart from q")
-            self.w_qkv.set_strategy("column", dp, mp)  # whole KV groups per rank (module docstring)
-        else:
-            self.wq.set_strategy("column", dp, mp)
-            for proj in (self.wk, self.wv):
-                proj.set_strategy("replicated" if kv_replicated else "column", dp, mp)
-        self.wo.set_strategy("row", dp, mp)
-        heads = ((dp, mp, 1, 1), (dp, mp, 1, 1))
-        self.bmm_qk.shard(heads)
-        self.softmax.shard(((dp, mp, 1, 1),))
-        self.bmm_pv.shard(heads)
-
-    def construct(self, x, cos, sin, mask):
-        b, s, _ = x.shape
-        if self.qkv_concat:
-            q, k, v = self._split_qkv(self.w_qkv(x), b, s)
-        else:
-            q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
-            k = self.wk(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
-            v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
-        q = self._rope(q, cos, sin)
-        k = self._repeat_kv(self._rope(k, cos, sin))
-        v = self._repeat_kv(v)
-
-        scores = self._r(self._r(self.bmm_qk(q, k)) * self.scaling)
-        scores = self._r(scores + mask)
-        probs = self._r(self.softmax(scores.astype(F32)).astype(self.act))
-        if self.training and self.dropout > 0:
-            probs = ops.dropout(probs, p=self.dropout, training=True)
-        out = self._r(self.bmm_pv(probs, v))
-        out = out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim)
-        return self.wo(out)
+def _shard_kernels(model) -> None:
+    """Swap every kernel of the model for its primitive-carrying version (idempotent)."""
+    for _, cell in list(model.cells_and_names()):
+        if isinstance(cell, Linear):
+            _swap(cell, "kernel", lambda cell=cell: ShardedLinearKernel(cell.bias is not None))
+        elif isinstance(cell, TiedHead):  # h·Eᵀ: a linear without bias over the embedding table
+            _swap(cell, "kernel", lambda: ShardedLinearKernel(has_bias=False))
+        elif isinstance(cell, Embedding):
+            _swap(cell, "lookup", ShardedLookupKernel)
+        elif isinstance(cell, LlamaAttention):
+            _swap(cell, "scores", ShardedScoresKernel)
+            _swap(cell, "softmax", ShardedSoftmaxKernel)
+            _swap(cell, "mix", ShardedMixKernel)
 
 
-def _as_sharded_linear(cell):
-    return cell if isinstance(cell, ShardedLinear) else ShardedLinear(cell)
-
-
-def _projections(attn) -> tuple[str, ...]:
-    return ("w_qkv", "wo") if attn.qkv_concat else ("wq", "wk", "wv", "wo")
+def _shard_attention(attn, dp: int, mp: int, kv_replicated: bool) -> None:
+    if attn.qkv_concat:
+        if kv_replicated:  # layout.validate refuses this; k/v rows are fused with q's
+            raise ValueError("a fused w_qkv cannot replicate k/v apart from q")
+        attn.w_qkv.kernel.set_strategy("column", dp, mp)  # whole KV groups per rank (module docstring)
+    else:
+        attn.wq.kernel.set_strategy("column", dp, mp)
+        for proj in (attn.wk, attn.wv):
+            proj.kernel.set_strategy("replicated" if kv_replicated else "column", dp, mp)
+    attn.wo.kernel.set_strategy("row", dp, mp)
+    heads = ((dp, mp, 1, 1), (dp, mp, 1, 1))
+    attn.scores.bmm_qk.shard(heads)
+    attn.softmax.softmax.shard(((dp, mp, 1, 1),))
+    attn.mix.bmm_pv.shard(heads)
 
 
 def _ffn_columns(ffn) -> tuple[str, ...]:
     """The feed-forward's column-parallel projections (w2 is the row-parallel one)."""
     return ("w_gate_hidden",) if ffn.ffn_concat else ("w1", "w3")
-
-
-def _sharded_cells(model):
-    """Swap the model's cells for the primitive-carrying subclasses (idempotent); return them."""
-    inner = model.model
-    if not isinstance(inner.tok_embeddings, ShardedEmbedding):
-        inner.tok_embeddings = ShardedEmbedding(inner.tok_embeddings)
-    for layer in inner.layers:
-        if not isinstance(layer.attention, ShardedAttention):
-            layer.attention = ShardedAttention(layer.attention)
-        ffn = layer.feed_forward
-        for name in _ffn_columns(ffn) + ("w2",):
-            setattr(ffn, name, _as_sharded_linear(getattr(ffn, name)))
-    if _has_cell(model, "lm_head"):
-        model.lm_head = _as_sharded_linear(model.lm_head)
-    elif not isinstance(model.tied_head, ShardedTiedHead):
-        model.tied_head = ShardedTiedHead(model.tied_head)
-    # Cell.__setattr__ prefixes the names of a new child's parameters; put back
-    # the full paths the model (and its checkpoints) use.
-    for name, param in model.parameters_and_names():
-        param.name = name
 
 
 def _has_cell(model, name: str) -> bool:
@@ -234,27 +194,28 @@ def assign_strategies(model, layout: Layout) -> dict[str, tuple]:
     config = model.config
     check(layout, config)
     dp, mp = layout.dp, layout.mp
-    _sharded_cells(model)
+    _shard_kernels(model)
     inner = model.model
-    inner.tok_embeddings.set_strategy(dp, mp)
+    inner.tok_embeddings.lookup.set_strategy(dp, mp)
     replicated = kv_replicated(layout, config)
     for layer in inner.layers:
-        layer.attention.set_strategy(dp, mp, replicated)
+        _shard_attention(layer.attention, dp, mp, replicated)
         ffn = layer.feed_forward
         for name in _ffn_columns(ffn):
-            getattr(ffn, name).set_strategy("column", dp, mp)
-        ffn.w2.set_strategy("row", dp, mp)
-    if _has_cell(model, "lm_head"):
-        model.lm_head.set_strategy("column", dp, mp)
-    else:
-        model.tied_head.set_strategy(dp, mp)
+            getattr(ffn, name).kernel.set_strategy("column", dp, mp)
+        ffn.w2.kernel.set_strategy("row", dp, mp)
+    # Vocab-parallel logits: the head's (or tied table's) rows split like the embedding gather's.
+    head = model.lm_head if _has_cell(model, "lm_head") else model.tied_head
+    head.kernel.set_strategy("column", dp, mp)
     return read_strategies(model)
 
 
 def read_strategies(model) -> dict[str, tuple]:
-    """op path -> in_strategy for every primitive of the model that carries one."""
+    """op path -> in_strategy for every primitive of the model that carries one (module docstring)."""
     out = {}
     for cell_name, cell in model.cells_and_names():
+        if isinstance(cell, Kernel):  # named by the cell it computes for
+            cell_name = cell_name.rpartition(".")[0]
         for prim_name, prim in cell._primitives.items():  # noqa: SLF001 - Cell keeps its primitives here
             if prim is None:
                 continue
@@ -274,16 +235,16 @@ def param_splits(model) -> dict[str, tuple[int, ...]]:
     splits = {}
     for cell_name, cell in model.cells_and_names():
         prefix = f"{cell_name}." if cell_name else ""
-        if isinstance(cell, ShardedLinear):
-            strategy = cell.matmul.attrs.get("in_strategy")
+        if isinstance(cell, Linear) and isinstance(cell.kernel, ShardedLinearKernel):
+            strategy = cell.kernel.matmul.attrs.get("in_strategy")
             if strategy:
                 splits[prefix + "weight"] = tuple(strategy[1])
                 if cell.bias is not None:
-                    splits[prefix + "bias"] = tuple(cell.bias_add.attrs["in_strategy"][1])
-        elif isinstance(cell, ShardedEmbedding):
-            strategy = cell.gather.attrs.get("in_strategy")
+                    splits[prefix + "bias"] = tuple(cell.kernel.bias_add.attrs["in_strategy"][1])
+        elif isinstance(cell, Embedding) and isinstance(cell.lookup, ShardedLookupKernel):
+            strategy = cell.lookup.gather.attrs.get("in_strategy")
             if strategy:
-                splits[prefix + "embedding_weight"] = tuple(strategy[0])
+                splits[prefix + cell.attr] = tuple(strategy[0])
     out = {}
     for name, param in model.parameters_and_names():
         out[name] = splits.get(name, (1,) * len(param.shape))
@@ -303,6 +264,7 @@ def per_device_params(model) -> int:
 
 
 __all__ = [
-    "ShardedAttention", "ShardedEmbedding", "ShardedLinear", "ShardedTiedHead",
+    "ShardedKernel", "ShardedLinearKernel", "ShardedLookupKernel", "ShardedMixKernel",
+    "ShardedScoresKernel", "ShardedSoftmaxKernel",
     "assign_strategies", "param_splits", "per_device_params", "read_strategies",
 ]

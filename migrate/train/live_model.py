@@ -14,8 +14,9 @@ will do, so a trainer that silently drops autocast or recompute shows it:
 """
 from __future__ import annotations
 
-from migrate.models import llama as L
-from migrate.train.precision import compute_dtype
+from migrate.models.base import ModelCell
+from migrate.models.common import Linear, TiedHead
+from migrate.train.precision import autocast_rounds_to, compute_dtype
 
 
 def dtype_name(dtype) -> str:
@@ -32,7 +33,7 @@ def recomputes(cell) -> bool:
 def _linear_dtypes(cell) -> list[str]:
     """Sorted dtypes the matmul-class cells (linear layers, the tied head) under `cell` compute in."""
     return sorted({dtype_name(compute_dtype(c)) for _, c in cell.cells_and_names()
-                   if isinstance(c, (L.Linear, L.TiedHead))})
+                   if isinstance(c, (Linear, TiedHead))})
 
 
 def shared_record(model) -> dict:
@@ -49,7 +50,7 @@ def shared_record(model) -> dict:
 def mindspore_only_record(model) -> dict:
     groups: dict[tuple, dict] = {}
     for name, cell in model.cells_and_names():
-        if not isinstance(cell, L._Cell):  # containers (CellList) compute nothing themselves
+        if not isinstance(cell, ModelCell):  # containers (CellList) and kernels have no precision of their own
             continue
         params = sorted({dtype_name(p.dtype) for p in cell.get_parameters(expand=False)})
         kind = type(cell).__name__
@@ -64,9 +65,9 @@ def mindspore_only_record(model) -> dict:
 
 
 def autocast_dtype(model):
-    # The matmul-class cells are where autocast acts; a cell swapped for another class loses it.
-    found = sorted({dtype_name(c.ac_dtype) for _, c in model.cells_and_names()
-                    if isinstance(c, (L.Linear, L.TiedHead)) and getattr(c, "ac_round", False)})
+    # The matmul-class cells are where autocast acts; a cell given another policy is out of it.
+    found = sorted({dtype_name(autocast_rounds_to(c)) for _, c in model.cells_and_names()
+                    if isinstance(c, (Linear, TiedHead)) and autocast_rounds_to(c) is not None})
     if not found:
         return None
     return found[0] if len(found) == 1 else found

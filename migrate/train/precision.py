@@ -8,26 +8,28 @@ matmul-class op (linear, matmul) casts its inputs to the low dtype, runs with
 fp32 accumulation and hands out a low-precision result; everything else
 (embedding, RMSNorm, residual adds, RoPE products, softmax, the loss) runs in
 fp32 by type promotion. `autocast_model(model, dtype)` gives the bundled fp32
-model exactly that op-by-op policy: it swaps the classes of its Linear,
-attention, MLP, tied-head and LM cells for subclasses whose `construct`
-rounds (fp32 -> dtype -> fp32) at the points where autocast holds a
-low-precision tensor:
+model exactly that op-by-op policy: one `PrecisionPolicy` (`migrate.models.base`)
+that rounds (fp32 -> dtype -> fp32) at the rounding sites where autocast holds
+a low-precision tensor, set on every cell in place:
 
-  * Linear:      round(linear(round(x), round(W), round(b)))
-  * attention:   scores = round(round(matmul(round(q), round(k)^T)) * scaling)
-                 (+ the fp32 mask, fp32 softmax), out = round(matmul(round(p), v))
-  * MLP:         w2(round(round(act(w1 x)) * w3 x))
-  * tied head:   round(matmul(round(h), round(E)^T))
+  * Linear:      round(linear(round(x), round(W), round(b)))          matmul_in, matmul_param, matmul_out
+  * attention:   scores = round(round(matmul(round(q), round(k)^T)) * scaling)    matmul_in, matmul_out, scaled
+                 (+ the fp32 mask, fp32 softmax), probs = round(softmax)          probs
+                 (dropout: round(dropout(probs))), out = round(matmul(probs, v))  dropout, matmul_out
+  * MLP:         w2(round(round(act(w1 x)) * w3 x))                     mlp_act, mlp_gate
+  * tied head:   round(matmul(round(h), round(E)^T))                    matmul_in, matmul_param, matmul_out
+
+Emulated low precision (the bundled model built in bf16/fp16 on CPU,
+`migrate diff`'s) rounds instead after every op HF's model holds in the low
+dtype ("op", plus matmul_out, scaled, probs, mlp_act, mlp_gate; its matmul
+inputs are already rounded): `migrate.models.base.EMULATED_SITES`.
 
 The rounding is a pair of casts, so MindSpore's autodiff rounds the gradient
 at the same points (the backward of a cast is a cast back), which is what
 autocast's low-precision backward matmuls do. Parameters never change dtype:
-the optimizer updates the fp32 weights, like torch.
-
-The subclasses restate the bundled model's `construct` methods (both the
-separate and the fused qkv / gate-up layouts) with only the rounding points
-changed; `rounding=False` must reproduce the plain model exactly, and a test
-holds them to that for both layouts.
+the optimizer updates the fp32 weights, like torch. The model's forward is
+untouched (`rounding=False` is the plain fp32 model), and kernels swapped by
+`migrate.parallel.strategy` round the same, whichever is applied first.
 
 Rounding is emulated because MindSpore's CPU backend lacks most bf16 kernels;
 the numbers are those of fp32 math rounded once per op, which is also what
@@ -47,104 +49,32 @@ import math
 
 import mindspore as ms
 import numpy as np
-from mindspore import mint
 
+from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
-from migrate.models import llama as L
+from migrate.models.base import ModelCell, PrecisionPolicy
 
 F32 = ms.float32
-LOW = {"bf16": ms.bfloat16, "fp16": ms.float16}
+LOW = {p.name: getattr(ms, p.compute) for p in PRECISIONS.values() if p.low}  # "bf16" -> ms.bfloat16
+AUTOCAST_SITES = ("matmul_in", "matmul_param", "matmul_out", "scaled", "probs", "dropout", "mlp_act", "mlp_gate")
 
 
-class _Autocast:
-    """Mixin: `_ac` rounds an fp32 tensor to the autocast dtype and back."""
-
-    def _ac(self, x):
-        if self.ac_round:
-            return x.astype(self.ac_dtype).astype(F32)
-        return x
-
-
-class AutocastLinear(_Autocast, L.Linear):
-    def construct(self, x):
-        bias = None if self.bias is None else self._ac(self.bias)
-        return self._ac(mint.nn.functional.linear(self._ac(x), self._ac(self.weight), bias))
-
-
-class AutocastAttention(_Autocast, L.LlamaAttention):
-    def construct(self, x, cos, sin, mask):
-        b, s, _ = x.shape
-        if self.qkv_concat:
-            q, k, v = self._split_qkv(self.w_qkv(x), b, s)
-        else:
-            q = self.wq(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
-            k = self.wk(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
-            v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
-        # RoPE: low-precision q/k times fp32 cos/sin promotes to fp32 under autocast.
-        q = self._rope(q, cos, sin)
-        k = self._repeat_kv(self._rope(k, cos, sin))
-        v = self._repeat_kv(v)
-        scores = self._ac(self._ac(mint.matmul(self._ac(q), self._ac(k).swapaxes(2, 3))) * self.scaling)
-        scores = scores + mask  # low + fp32 mask -> fp32
-        # HF: softmax in fp32, cast to the low dtype, then dropout on the low-precision
-        # probabilities (its 1/(1-p) rescale rounds once more).
-        probs = self._ac(mint.nn.functional.softmax(scores, dim=-1))
-        if self.training and self.dropout > 0:
-            probs = self._ac(ms.ops.dropout(probs, p=self.dropout, training=True))
-        out = self._ac(mint.matmul(probs, v))
-        out = out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim)
-        return self.wo(out)
-
-
-class AutocastFeedForward(_Autocast, L.LlamaFeedForward):
-    def construct(self, x):
-        if self.ffn_concat:
-            pairs = self.w_gate_hidden(x).reshape(x.shape[:-1] + (self.intermediate_size, 2))
-            gate, up = pairs[..., 0], pairs[..., 1]
-        else:
-            gate, up = self.w1(x), self.w3(x)
-        return self.w2(self._ac(self._ac(self.act_fn(gate)) * up))
-
-
-class AutocastTiedHead(_Autocast, L.TiedHead):
-    def construct(self, h, weight):
-        return self._ac(mint.matmul(self._ac(h), self._ac(weight).T))
-
-
-class AutocastCausalLM(_Autocast, L.LlamaForCausalLM):
-    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False):
-        if self.tie_word_embeddings:
-            weight = self.model.tok_embeddings.embedding_weight
-            h, hidden = self.model(input_ids, attention_mask, output_hidden_states, weight)
-            logits = self.tied_head(h, weight)
-        else:
-            h, hidden = self.model(input_ids, attention_mask, output_hidden_states)
-            logits = self.lm_head(h)
-        loss = None
-        if labels is not None:
-            loss = self._loss(logits, labels)
-        if not output_hidden_states:
-            hidden = None
-        return logits, loss, hidden
-
-
-_SWAPS = ((L.Linear, AutocastLinear), (L.LlamaAttention, AutocastAttention),
-          (L.LlamaFeedForward, AutocastFeedForward), (L.TiedHead, AutocastTiedHead),
-          (L.LlamaForCausalLM, AutocastCausalLM))
+def autocast_precision(dtype: str, rounding: bool = True) -> PrecisionPolicy:
+    """torch.autocast's policy for `dtype` (bf16 | fp16) over fp32 parameters; `rounding=False`
+    keeps the policy's name but rounds nowhere (the plain fp32 model)."""
+    if dtype not in LOW:
+        raise MigrateError(f"autocast dtype must be one of {', '.join(LOW)}, got {dtype!r}")
+    return PrecisionPolicy("autocast", F32, F32, LOW[dtype], AUTOCAST_SITES if rounding else ())
 
 
 def autocast_model(model, dtype: str, rounding: bool = True):
     """Give an fp32 bundled model torch.autocast's policy for `dtype` (bf16 | fp16), in place."""
-    if dtype not in LOW:
-        raise MigrateError(f"autocast dtype must be one of {', '.join(LOW)}, got {dtype!r}")
-    if getattr(model, "emulate", False) or model.model.tok_embeddings.embedding_weight.dtype != F32:
+    policy = autocast_precision(dtype, rounding)
+    if model.precision.params != F32:
         raise MigrateError("autocast needs the model in fp32 (load it with compute_dtype float32)")
     for _, cell in model.cells_and_names():
-        for base, sub in _SWAPS:
-            if type(cell) is base:
-                cell.__class__ = sub
-                cell.ac_dtype = LOW[dtype]
-                cell.ac_round = rounding
+        if isinstance(cell, ModelCell):
+            cell.use_precision(policy)
     return model
 
 
@@ -152,11 +82,15 @@ def compute_dtype(cell):
     """The dtype a bundled-model cell computes in, read from the cell: what its results are
     rounded to (autocast's dtype, or the model's own compute dtype when emulating it on CPU),
     else its activation dtype."""
-    if getattr(cell, "ac_round", False):
-        return cell.ac_dtype
-    if getattr(cell, "emulate", False):
-        return cell.cdtype
-    return cell.act
+    return cell.precision.computes_in(cell.SITES)
+
+
+def autocast_rounds_to(cell):
+    """The dtype autocast rounds this cell's results to; None where autocast does not act on it."""
+    policy = cell.precision
+    if policy.name != "autocast" or not set(policy.sites) & set(cell.SITES):
+        return None
+    return policy.low
 
 
 class DynamicLossScaler:

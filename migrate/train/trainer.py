@@ -40,7 +40,8 @@ Writes to the output folder (default cfg.out_dir.ms):
 MFU = flops_per_token * tokens_per_s / peak_flops, flops_per_token = 6 * N +
 12 * layers * seq_length * (heads * head_dim) (PaLM's estimate; N = the
 parameters that take part in matmuls: all but the input embedding table,
-which counts once when tied as the LM head). Recompute is not counted (it is
+which counts once when tied as the LM head, and the norms; computed from the
+family's anatomy, `migrate.models.anatomy`). Recompute is not counted (it is
 model FLOPs utilisation). The peak is the `peak_flops` argument, else run.yaml's
 `peak_flops`; with neither it is measured at start as
 the best fp32 matmul throughput of MindSpore on this device (2 * 1024^3 flops
@@ -76,13 +77,17 @@ import mindspore as ms
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 
+from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
-from migrate.keymap import Keymap, recorded_keymap
+from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap
+from migrate.models.loading import load_model
+from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
 from migrate.parallel.layout import Layout
 from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state,
                                 shard_staging_dir)
 from migrate.train.config import RunConfig
-from migrate.train.faults import check_faults, faulty_eps
+from migrate.train.faults import apply_faults, check_faults
+from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
@@ -161,18 +166,14 @@ class MSTraining:
         return self.micro.loss_divisor
 
 
-TRAINABLE_MODEL = "migrate.models.llama:LlamaForCausalLM"
-
-
 def trainable_model_config(ms_dir):
-    """The model config of a converted folder the trainer can train (the bundled Llama:
-    hf_llama, hf_qwen2, hf_mistral, fused or not); anything else is refused in one line."""
-    from migrate.models.config import LlamaConfig, load_model_config
-    from migrate.models.registry import MODEL_CLASS_FIELD
-
+    """The model config of a converted folder the trainer can train (a family the registry
+    marks `trains`: the bundled Llama, hf_llama, hf_qwen2, hf_mistral, fused or not);
+    anything else is refused in one line."""
     config = load_model_config(Path(ms_dir) / "model.yaml")
-    model_class = config.extra.get(MODEL_CLASS_FIELD) or TRAINABLE_MODEL
-    if model_class != TRAINABLE_MODEL or not isinstance(config, LlamaConfig):
+    model_class = config.extra.get(MODEL_CLASS_FIELD) or DEFAULT_MODEL_CLASS
+    family = FAMILIES.get(model_class)
+    if family is None or not family.trains or not isinstance(config, family.config_class):
         raise MigrateError(f"migrate train trains the bundled Llama family (hf_llama, hf_qwen2, hf_mistral); "
                            f"{ms_dir} holds {model_class}")
     return config
@@ -180,9 +181,6 @@ def trainable_model_config(ms_dir):
 
 def load_training_model(cfg: RunConfig, weights: bool = True):
     """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy."""
-    from migrate.models.loading import load_model
-    from migrate.models.registry import build_model
-
     ms_dir = cfg.require("ms_model")
     config = trainable_model_config(ms_dir)
     if weights:
@@ -208,35 +206,29 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
     model_config = model_config or model.config
     # The variant and target (qkv_concat, mcore) the folder was converted to pair the parameters.
     keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
-    decay_rule = "mindspore" if "decay_biases" in faults else "hf"
+    # The knobs come from the config; an injected fault adjusts them (migrate.train.faults).
+    knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
     opt = cfg.optimizer
-    optimizer = AdamW(param_groups(model, cfg, keymap, decay_rule), lr=opt.lr, betas=opt.betas,
-                      eps=faulty_eps(opt.eps) if "adam_eps" in faults else opt.eps,
-                      bias_correction="no_bias_correction" not in faults)
-    divisor = 1 if "no_accum_scaling" in faults else cfg.grad_accum_steps
-    micro = MicroStep(model, list(optimizer.parameters), divisor)
+    optimizer = AdamW(param_groups(model, cfg, keymap, knobs.decay_rule), lr=opt.lr, betas=opt.betas,
+                      eps=knobs.eps, bias_correction=knobs.bias_correction)
+    micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor)
     scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
-    clipper = GradClipper(cfg.max_grad_norm, eps=0.0 if "clip_no_eps" in faults else 1e-6, unscale=scaler is not None)
-    schedule = LrSchedule(cfg, warmup_shift=1 if "warmup_off_by_one" in faults else 0)
-    return MSTraining(cfg, model, model_config, keymap, micro, optimizer, clipper, schedule, scaler, faults, decay_rule)
+    clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
+    schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift)
+    return MSTraining(cfg, model, model_config, keymap, micro, optimizer, clipper, schedule, scaler, faults,
+                      knobs.decay_rule)
 
 
 # ---------- throughput ----------
 def checkpoint_names(training: MSTraining) -> dict[str, str]:
     """Model parameter name -> the name the converted folder's checkpoint uses (a keymap
     target that renames, e.g. mcore), so training checkpoints read like that folder."""
-    return training.keymap.checkpoint_names(training.model_config.to_dict())
+    return ConversionPlan(training.keymap, training.model_config).checkpoint_names
 
 
 def flops_per_token(config, seq_length: int) -> int:
-    """6 N + 12 L s (heads * head_dim); see the module docstring."""
-    h, v = config.hidden_size, config.vocab_size
-    q, kv = config.num_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    attn = h * (q + 2 * kv) + q * h
-    attn += (q + 2 * kv if config.qkv_has_bias else 0) + (h if config.out_proj_has_bias else 0)
-    mlp = 3 * h * config.intermediate_size + ((2 * config.intermediate_size + h) if config.mlp_bias else 0)
-    n = config.num_layers * (attn + mlp) + h * v  # the LM head (or the tied embedding used as one)
-    return 6 * n + 12 * config.num_layers * seq_length * q
+    """6 N + 12 L s (heads * head_dim), from the family's anatomy; see the module docstring."""
+    return family_of(config).flops_per_token(config, seq_length)
 
 
 def measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
