@@ -2,6 +2,9 @@
 
 User mistakes (MigrateError) and OSErrors on the user's paths print one line on stderr and exit 2,
 with no traceback; SIGINT and SIGTERM exit 130 and 143 after the same cleanup.
+
+Each subcommand imports its library inside its function: a command loads only what it
+runs (`migrate convert` never imports MindSpore, whose import alone holds 0.5 GB).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import sys
 
 from migrate import __version__
 from migrate.errors import MigrateError
+from migrate.keymap import available
 from migrate.models.registry import TrustModelClassAction
 from migrate.dtype_names import NAMES
 
@@ -105,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src_dir")
     p.add_argument("out_dir")
     p.add_argument("--src", default="hf_llama",
-                   help="source family (a keymap name: hf_llama, hf_qwen2, hf_mistral, hf_gpt2, hf_bert) "
+                   help=f"source family (a keymap name: {', '.join(available())}) "
                         "or 'auto' from config.json")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--format", choices=["ckpt", "safetensors"], default="ckpt")
@@ -180,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)
     except MigrateError as exc:
-        print(f"migrate: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # a message of several lines: one error line each
+            print(f"migrate: error: {line}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
         print(f"migrate: {exc.word}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Subcommands of the training side: data, train, ckpt, hparams, compare.
 
-Argument parsing only; each calls one library function. Registered into the
-main parser by `migrate.cli`.
+Argument parsing only; each calls one library function, imported inside its
+function as in `migrate.cli`. Registered into the main parser by `migrate.cli`.
 """
 from __future__ import annotations
 
@@ -68,48 +68,24 @@ def _cmd_keymap_check(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    import sys
-
+    from migrate.train.cluster import Cluster
     from migrate.train.config import RunConfig
-    from migrate.train.launch import Cluster, launch
-    from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
-    from migrate.train.trainer import trainable_model_config
+    from migrate.train.run import run_training
     from migrate.ui import console
 
-    cfg = RunConfig.load(args.config)
-    layout = run_layout_of(cfg, args.dp, args.mp, args.pp, args.micro_batches, args.optimizer_shard)
-    cluster = Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port)
-    errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)
-    if errors:  # one line per broken rule, then the usual error exit
-        for line in errors[:-1]:
-            print(f"migrate: error: {line}", file=sys.stderr)
-        raise MigrateError(errors[-1])
-    out_dir = args.out or cfg.out_dir.ms
     out = console()
-    out.print(layout.batch_line(cfg.seq_length), markup=False, highlight=False, soft_wrap=True)
-    refuse_unsupported(layout)
-    if args.resume is not None:
-        from migrate.train.ckpt import open_checkpoint
-        from migrate.train.trainer import check_resumable
-
-        check_resumable(open_checkpoint(args.resume), cfg, (), layout)  # before any process starts
-    if layout.devices == 1 and cluster.nodes == 1:
-        from migrate.train.trainer import train
-
-        train(cfg, out_dir=out_dir, resume=args.resume, mode=args.mode)
-    else:
-        result = launch(cfg.source, out_dir, layout, cluster, resume=args.resume, mode=args.mode,
-                        echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True))
-        if result.code != 0:
-            print(f"migrate: error: distributed run failed: {result.summary()}", file=sys.stderr)
-            return result.code
-    written = "metrics.jsonl, checkpoints/" if cfg.checkpoint_interval else "metrics.jsonl; checkpoint_interval is 0"
-    out.print(f"[green]trained[/] -> {out_dir} ({written})")
+    run_dir = run_training(args.config, out=args.out, resume=args.resume, mode=args.mode, dp=args.dp, mp=args.mp,
+                           pp=args.pp, micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
+                           cluster=Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port),
+                           echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True))
+    written = ("metrics.jsonl, checkpoints/" if RunConfig.load(args.config).checkpoint_interval
+               else "metrics.jsonl; checkpoint_interval is 0")
+    out.print(f"[green]trained[/] -> {run_dir} ({written})")
     return 0
 
 
 def _cmd_ckpt_merge(args) -> int:
-    from migrate.train.dist_ckpt import merge_checkpoint
+    from migrate.train.ckpt import merge_checkpoint
     from migrate.ui import console
 
     out = merge_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, short_name
+from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_reader import is_ms_checkpoint_dir, open_ms_checkpoint
 from migrate.errors import MigrateError
 
@@ -16,8 +17,6 @@ def inspect_checkpoint(path: str | Path) -> list[tuple[str, str, tuple[int, ...]
     # An HF folder (config.json, no model.yaml) is read as HF reads it, hub-cache links included.
     hf_folder = (path / "config.json").is_file() and not (path / "model.yaml").is_file()
     if path.is_dir() and (hf_folder or not is_ms_checkpoint_dir(path)):
-        from migrate.checkpoints.hf_reader import open_hf_checkpoint
-
         ckpt = open_hf_checkpoint(path)
         return [(n, short_name(SAFETENSORS_TO_NUMPY[s.dtype]), s.shape) for n, s in ckpt.specs.items()]
     if not path.exists():

@@ -26,6 +26,7 @@ Beyond `params`, a keymap may hold:
 from __future__ import annotations
 
 import copy
+import importlib.resources
 import json
 import os
 import re
@@ -38,7 +39,8 @@ from migrate.keymap_schema import check_schema
 from migrate.safeyaml import clip, load_yaml, quote
 from migrate.transforms import get_layout
 
-KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS", Path(__file__).resolve().parent.parent / "keymaps"))
+# The bundled keymaps: keymaps/ of the checkout, installed as the package data migrate.keymaps.
+KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS") or str(importlib.resources.files("migrate.keymaps")))
 # The model.yaml fields through which a converted folder names what it was converted to
 # (`Keymap.for_model`): the bundled model class, and the keymap target its checkpoint is written for.
 MODEL_CLASS_FIELD = "model_class"

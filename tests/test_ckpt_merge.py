@@ -17,9 +17,8 @@ from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
 from migrate.models.llama import LlamaForCausalLM
 from migrate.parallel.layout import Layout
-from migrate.train.ckpt import OPTIMIZER_FILE, open_checkpoint, save_checkpoint, shard_staging_dir
-from migrate.train.dist_ckpt import (LAYOUT_FILE, layout_record, merge_checkpoint, shard_file, slice_table,
-                                     write_optimizer_shard)
+from migrate.train.ckpt import OPTIMIZER_FILE, merge_checkpoint, open_checkpoint, save_checkpoint, shard_staging_dir
+from migrate.train.dist_ckpt import LAYOUT_FILE, layout_record, shard_file, slice_table, write_optimizer_shard
 from migrate.train.optim import AdamW
 
 DP = 2

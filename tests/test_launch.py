@@ -9,8 +9,9 @@ import pytest
 from migrate.cli import main
 from migrate.models.config import LlamaConfig
 from migrate.parallel.layout import Layout
-from migrate.train.launch import (Cluster, as_exit_status, cluster_errors, free_port, local_ranks, msrun_command,
-                                  worker_args, worst_exit_code)
+from migrate.train.cluster import Cluster, cluster_errors
+from migrate.train.launch import (as_exit_status, free_port, local_ranks, msrun_command, worker_args,
+                                  worst_exit_code)
 
 RUN = """\
 ms_model: ms

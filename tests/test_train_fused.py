@@ -10,7 +10,8 @@ from migrate.cli import main
 from migrate.convert import convert
 from migrate.train.config import ScheduleConfig
 from migrate.train.hparams import hparams_report
-from migrate.train.trainer import build_training, train
+from migrate.train.building import build_training
+from migrate.train.trainer import train
 
 SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
 

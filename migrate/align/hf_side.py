@@ -15,6 +15,7 @@ import torch
 from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
+from migrate.hf_config import read_raw_config
 
 TORCH_DTYPES = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}  # "bf16" -> torch.bfloat16
 # Model outputs compared after the hidden states, by HF's ModelOutput attribute name
@@ -121,8 +122,6 @@ class HFSide:
 def _model_class(hf_dir: Path):
     """The transformers class config.json's `architectures` names; a causal LM when it names none."""
     import transformers
-
-    from migrate.hf_config import read_raw_config
 
     for arch in read_raw_config(hf_dir).get("architectures") or []:
         cls = getattr(transformers, arch, None)

@@ -7,16 +7,20 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
+import torch
 
 from migrate.align.faults import check_fault, parse_fault
+from migrate.align.hf_side import OUTPUTS, HFSide
 from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
+from migrate.align.ms_side import MSSide
 from migrate.align.report import Report
 from migrate.align.thresholds import Thresholds
 from migrate.conversion_plan import ConversionPlan
+from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
-from migrate.dtype_names import PRECISIONS
 
 ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -40,12 +44,6 @@ def compare(
     mode: str = "pynative",
     lr: float = 1e-4,
 ) -> Report:
-    import mindspore as ms
-    import torch
-
-    from migrate.align.hf_side import HFSide
-    from migrate.align.ms_side import MSSide
-
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
     for folder, what in ((hf_dir, "HF model folder"), (ms_dir, "MindSpore model folder")):
         if not folder.is_dir():
@@ -111,8 +109,6 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
 
 
 def _forward(report, hf_side, ms_side, inputs, detail) -> None:
-    from migrate.align.hf_side import OUTPUTS
-
     hf_hidden, hf_outputs = hf_side.forward(inputs, detail)
     ms_hidden, ms_outputs = ms_side.forward(inputs, detail)
     names = {"embedding": "embedding output", "final norm": "final norm output"}

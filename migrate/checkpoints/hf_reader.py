@@ -23,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_to_numpy
+from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_dtype_name, torch_to_numpy
 from migrate.checkpoints.model_folder import ModelFolder
+from migrate.checkpoints.pages import PAGE, drop_pages, file_mappings
+from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -218,8 +220,6 @@ def _assemble(root: Path, weight_map: dict[str, Path] | None, opener, single: Pa
 
 class _SafetensorsFile:
     def __init__(self, path: Path):
-        from migrate.checkpoints.safetensors_file import SafetensorsFile
-
         self.path = path
         self._file = SafetensorsFile(path)
 
@@ -266,14 +266,11 @@ class _BinFile:
         if bad:
             raise MigrateError(f"{path.name} holds non-tensor entries: {', '.join(bad[:5])}")
         self._state = state
-        from migrate.checkpoints.pages import file_mappings
 
         self._mappings = file_mappings(path)  # empty when the file could not be mapped
         self._current = (None, None)          # (name, raw bytes) of the tensor being read
 
     def specs(self):
-        from migrate.checkpoints.dtypes import torch_dtype_name
-
         for name, tensor in self._state.items():
             yield name, torch_dtype_name(tensor.dtype), tuple(tensor.shape)
 
@@ -287,8 +284,6 @@ class _BinFile:
         return self._current[1]
 
     def read_into(self, name, start, out):
-        from migrate.checkpoints.pages import PAGE, drop_pages
-
         raw = self._raw(name)
         view = np.frombuffer(memoryview(out).cast("B"), np.uint8)
         stop = start + view.size

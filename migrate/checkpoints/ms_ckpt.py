@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY, DtypeTable
+from migrate.checkpoints.stream import copy_file_range
 from migrate.errors import MigrateError
 
 # MindSpore's piece size (SLICE_SIZE, in KiB, times 1024). Tests patch it down.
@@ -185,7 +186,6 @@ class _TensorStream:
         """All the tensor's bytes from file `fd` at `offset`, copied by the kernel;
         False (nothing written) where that cannot be: with a CRC to compute, or
         when the kernel refuses; the caller then writes the bytes itself."""
-        from migrate.checkpoints.stream import copy_file_range
 
         if self.writer._crc is not None or self.written:
             return False

@@ -15,6 +15,9 @@ from typing import Iterator
 import numpy as np
 
 from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY
+from migrate.checkpoints.integrity import verify_checkpoint
+from migrate.checkpoints.ms_ckpt import iter_ckpt, read_ckpt_specs
+from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.checkpoints.sharding import index_name, read_index, single_name
 from migrate.errors import MigrateError
 
@@ -38,15 +41,11 @@ class MSCheckpoint:
         """Every tensor, in `specs` order, one at a time in memory."""
         for file in self.files:
             if self.format == "ckpt":
-                from migrate.checkpoints.ms_ckpt import iter_ckpt
-
                 for name, array in iter_ckpt(file):
                     if self.locations.get(name) != file:
                         raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
                     yield name, array
             else:
-                from migrate.checkpoints.safetensors_file import SafetensorsFile
-
                 with SafetensorsFile(file) as handle:
                     for name in handle.entries:
                         yield name, handle.read(name)
@@ -84,10 +83,8 @@ def checkpoint_files(path: str | Path) -> tuple[str, list[Path]]:
 
 def open_ms_checkpoint(path: str | Path) -> MSCheckpoint:
     """Names, dtypes and shapes of every tensor, reading headers only -- except that a
-    training checkpoint folder (`migrate.train.integrity`) is checked against its manifest first."""
+    training checkpoint folder (`migrate.checkpoints.integrity`) is checked against its manifest first."""
     if Path(path).is_dir():
-        from migrate.train.integrity import verify_checkpoint
-
         verify_checkpoint(path)
     path = find_checkpoint(path)
     fmt, files = checkpoint_files(path)
@@ -111,11 +108,8 @@ def open_ms_checkpoint(path: str | Path) -> MSCheckpoint:
 
 def _file_specs(file: Path, fmt: str):
     if fmt == "safetensors":
-        from migrate.checkpoints.safetensors_file import SafetensorsFile
-
         with SafetensorsFile(file) as handle:
             return [(e.name, e.numpy_dtype, e.shape) for e in handle.entries.values()]
-    from migrate.checkpoints.ms_ckpt import read_ckpt_specs
 
     out = []
     for name, ms_type, shape in read_ckpt_specs(file):

@@ -18,6 +18,7 @@ import struct
 import numpy as np
 
 from migrate.checkpoints.dtypes import NUMPY_TO_SAFETENSORS
+from migrate.checkpoints.stream import copy_file_range
 from migrate.errors import MigrateError
 
 
@@ -125,7 +126,6 @@ class _SlotStream:
     def copy_from(self, fd: int, offset: int) -> bool:
         """All the slot's bytes from file `fd` at `offset`, copied by the kernel;
         False (nothing written) where the kernel refuses."""
-        from migrate.checkpoints.stream import copy_file_range
 
         if self.written or not copy_file_range(fd, offset, self.writer._file, self.nbytes):
             return False

@@ -20,7 +20,7 @@ folder that holds metrics.jsonl):
                             optimizer.ckpt is replaced by per-rank
                             optimizer.rank-<r>.ckpt files (`migrate.train.dist_ckpt`)
         manifest.json       size and sha256 of every file above, written last;
-                            verified before the folder is read (`migrate.train.integrity`)
+                            verified before the folder is read (`migrate.checkpoints.integrity`)
     RUN/checkpoints/latest -> checkpoint-<step>   (symlink to the newest complete one)
 
 A checkpoint is built under a hidden temporary name and renamed into place, so
@@ -41,19 +41,18 @@ import mindspore as ms
 import numpy as np
 
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
 from migrate.sidecar import copy_sidecars
-from migrate.train.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint  # MindSpore-free there
+from migrate.train.ckpt_files import (METRICS_FILE, MODEL_CONFIG, MODEL_FILE, OPTIMIZER_FILE, RNG_FILE,
+                                      load_ckpt_file, save_tensors_atomically)
+from migrate.train.dist_ckpt import (LAYOUT_FILE, SHARD_PREFIX, is_sharded, layout_without_files,
+                                     merged_optimizer_state, read_layout)
 
 FOLDER = "checkpoints"
 PREFIX = "checkpoint-"
 LATEST = "latest"
-MODEL_FILE = "model.ckpt"
-MODEL_CONFIG = "model.yaml"
-OPTIMIZER_FILE = "optimizer.ckpt"
-RNG_FILE = "rng_state.json"
-METRICS_FILE = "metrics.jsonl"
 
 
 # ---------- RNG ----------
@@ -109,8 +108,6 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, opti
     param_names: model parameter name -> name written in model.ckpt (a converted
     folder's renaming target, e.g. mcore); optimizer moments keep the model's names.
     """
-    from migrate.train.dist_ckpt import LAYOUT_FILE, SHARD_PREFIX
-
     folder = Path(run_dir) / FOLDER
     final = folder / f"{PREFIX}{step}"
     with atomic_output_dir(final, overwrite=True) as tmp:
@@ -190,14 +187,10 @@ class Checkpoint:
     @property
     def parallel_layout(self) -> dict | None:
         """parallel_layout.json of a multi-process checkpoint, None for a single-process one."""
-        from migrate.train.dist_ckpt import read_layout
-
         return read_layout(self.path)
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """Every AdamW moment whole (optimizer shards are stitched back), plus the step."""
-        from migrate.train.dist_ckpt import is_sharded, merged_optimizer_state
-
         layout = self.parallel_layout
         if is_sharded(layout):
             moments = merged_optimizer_state(self.path, layout)
@@ -230,8 +223,6 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     state = _read_json(folder, STATE_FILE)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
-    from migrate.train.dist_ckpt import is_sharded, read_layout
-
     sharded = is_sharded(read_layout(folder))
     for name in (MODEL_FILE, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
         if not (folder / name).is_file():
@@ -251,9 +242,25 @@ def _read_json(folder: Path, name: str):
         raise MigrateError(f"unreadable {name} in {folder}: {exc}") from None
 
 
-def load_ckpt_file(path: Path) -> dict:
-    """name -> Parameter of a MindSpore .ckpt file; a damaged file is one MigrateError line."""
-    try:
-        return ms.load_checkpoint(str(path))
-    except Exception as exc:  # MindSpore raises ValueError/RuntimeError for damaged files
-        raise MigrateError(f"mindspore cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
+# ---------- merging ----------
+def merge_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+    """One single-process checkpoint folder from a multi-process one (or a run folder's latest)."""
+    checkpoint = open_checkpoint(src)
+    record = read_layout(checkpoint.path)
+    out = Path(out)
+    if out.resolve() == checkpoint.path:
+        raise MigrateError(f"merge output {out} is the checkpoint itself; pick another folder")
+    with atomic_output_dir(out, overwrite=overwrite, command="ckpt merge", source=checkpoint.path) as tmp:
+        for item in checkpoint.path.iterdir():
+            if item.name == LAYOUT_FILE or item.name.startswith(SHARD_PREFIX) or item.name.startswith("."):
+                continue
+            if item.is_file():
+                shutil.copy2(item, tmp / item.name)
+        if is_sharded(record):
+            state = merged_optimizer_state(checkpoint.path, record)
+            save_tensors_atomically(state, tmp / OPTIMIZER_FILE)
+        state = json.loads((checkpoint.path / STATE_FILE).read_text())
+        state["merged_from"] = {"path": str(checkpoint.path), "layout": layout_without_files(record)}
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+        write_manifest(tmp)  # last: the merged folder is a checkpoint of its own (its source was verified)
+    return out

@@ -20,7 +20,7 @@ stay whole and are saved by rank 0 alone). Rank r writes
 `optimizer.rank-<r>.ckpt` with its blocks, and the layout file gains
 `"optimizer_slices": {name: {"shape": [...], "rows": {"<rank>": [start, stop]}}}`.
 `merged_optimizer_state` stitches the blocks back for a resume;
-`merge_checkpoint` (`migrate ckpt merge`) writes one ordinary single-process
+`migrate.train.ckpt.merge_checkpoint` (`migrate ckpt merge`) writes one ordinary single-process
 checkpoint. Each shard file is written under a temporary name and renamed,
 and the folder itself is assembled by rank 0 under a hidden name and renamed
 (`save_checkpoint`), so a crash leaves whole files and whole folders only.
@@ -28,15 +28,12 @@ and the folder itself is assembled by rank 0 under a hidden name and renamed
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from migrate.checkpoints.atomic import atomic_output_dir
-from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
+from migrate.train.ckpt_files import load_ckpt_file, save_tensors_atomically
 
 LAYOUT_FILE = "parallel_layout.json"
 LAYOUT_FORMAT = "migrate-parallel-layout"
@@ -103,22 +100,6 @@ def write_optimizer_shard(folder: Path, rank: int, dp: int, moments: dict[str, n
     return path
 
 
-def save_tensors_atomically(tensors: dict[str, np.ndarray], path: Path) -> None:
-    """`mindspore.save_checkpoint` under a temporary name in the same folder, then rename."""
-    import mindspore as ms
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.partial.ckpt")  # save_checkpoint wants the suffix
-    try:
-        ms.save_checkpoint([{"name": n, "data": ms.Tensor(np.ascontiguousarray(v))} for n, v in tensors.items()],
-                           str(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 # ---------- reading ----------
 def read_layout(folder: Path) -> dict | None:
     """parallel_layout.json of a checkpoint folder, or None for a single-process checkpoint."""
@@ -140,8 +121,6 @@ def is_sharded(record: dict | None) -> bool:
 
 def merged_optimizer_state(folder: Path, record: dict) -> dict[str, np.ndarray]:
     """Every moment whole again, stitched from the per-rank shard files the layout names."""
-    from migrate.train.ckpt import load_ckpt_file
-
     folder = Path(folder)
     shards = sorted({rank for entry in record["optimizer_slices"].values() for rank in entry["rows"]}, key=int)
     loaded = {}
@@ -167,33 +146,8 @@ def merged_optimizer_state(folder: Path, record: dict) -> dict[str, np.ndarray]:
     return out
 
 
-# ---------- merging ----------
-def merge_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    """One single-process checkpoint folder from a multi-process one (or a run folder's latest)."""
-    from migrate.train.ckpt import OPTIMIZER_FILE, STATE_FILE, open_checkpoint
-
-    checkpoint = open_checkpoint(src)
-    record = read_layout(checkpoint.path)
-    out = Path(out)
-    if out.resolve() == checkpoint.path:
-        raise MigrateError(f"merge output {out} is the checkpoint itself; pick another folder")
-    with atomic_output_dir(out, overwrite=overwrite, command="ckpt merge", source=checkpoint.path) as tmp:
-        for item in checkpoint.path.iterdir():
-            if item.name == LAYOUT_FILE or item.name.startswith(SHARD_PREFIX) or item.name.startswith("."):
-                continue
-            if item.is_file():
-                shutil.copy2(item, tmp / item.name)
-        if is_sharded(record):
-            state = merged_optimizer_state(checkpoint.path, record)
-            save_tensors_atomically(state, tmp / OPTIMIZER_FILE)
-        state = json.loads((checkpoint.path / STATE_FILE).read_text())
-        state["merged_from"] = {"path": str(checkpoint.path), "layout": _without_files(record)}
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
-        write_manifest(tmp)  # last: the merged folder is a checkpoint of its own (its source was verified)
-    return out
-
-
-def _without_files(record: dict | None) -> dict | None:
+def layout_without_files(record: dict | None) -> dict | None:
+    """The layout record without its per-file and per-slice tables (what a merged checkpoint cites)."""
     if record is None:
         return None
     return {k: v for k, v in record.items() if k not in ("files", "optimizer_slices")}

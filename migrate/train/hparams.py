@@ -8,7 +8,7 @@ knobs, read from the live objects, side by side.
     print(format_report(report))
 
 Golden side: the HF model, `build_optimizer` and `build_scheduler` of
-golden/train_torch.py. MindSpore side: `trainer.build_training` on the bundled
+golden/train_torch.py. MindSpore side: `building.build_training` on the bundled
 model (the objects `migrate train` steps). Where a framework has no attribute
 for a knob, it is measured on the live code:
 
@@ -24,18 +24,15 @@ are tied to). The lr row compares every step and names the first that differs.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from migrate.conversion_plan import ConversionPlan
-from migrate.errors import MigrateError
+from migrate.train.building import build_training
 from migrate.train.config import RunConfig
 
-GOLDEN_SCRIPT = Path(__file__).resolve().parents[2] / "golden" / "train_torch.py"
 LR_REL = 1e-12
 
 
@@ -65,18 +62,8 @@ class HparamsReport:
 
 
 def load_golden():
-    """golden/train_torch.py as a module (it is a script beside the package, not part of it)."""
-    name = "migrate_golden_train_torch"
-    if name in sys.modules:
-        return sys.modules[name]
-    script = next((p for p in (GOLDEN_SCRIPT, Path.cwd() / "golden" / "train_torch.py") if p.is_file()), None)
-    if script is None:
-        raise MigrateError(f"golden script not found at {GOLDEN_SCRIPT} (run from the repository checkout)")
-    spec = importlib.util.spec_from_file_location(name, script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """golden/train_torch.py, installed with the package as `migrate.golden.train_torch`."""
+    return importlib.import_module("migrate.golden.train_torch")
 
 
 # ---------- probes ----------
@@ -153,8 +140,6 @@ def golden_knobs(cfg: RunConfig) -> dict:
 
 
 def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
-    from migrate.train.trainer import build_training
-
     training = build_training(cfg, faults, weights=False)
     opt = training.optimizer
     groups = opt.param_groups

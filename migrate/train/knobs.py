@@ -3,7 +3,7 @@
     knobs = TrainingKnobs.from_config(cfg)       # torch's semantics, from the run config
     knobs = apply_faults(knobs, ["adam_eps"])    # migrate.train.faults: each adjusts its knob
 
-`trainer.build_training` builds the optimizer, micro-step, clipper and schedule
+`building.build_training` builds the optimizer, micro-step, clipper and schedule
 from these knobs and nothing else, so an injected fault changes a live object
 exactly as a port would, and no production code asks which faults are on.
 """

@@ -34,41 +34,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migrate.train.worker import exit_file, pid_file, record_exit
+from migrate.train.cluster import Cluster
+from migrate.train.worker_files import exit_file, pid_file, record_exit
 
 LOCALHOST = "127.0.0.1"
 WORKER_MODULE = "migrate.train.worker"
 MSRUN_LOG = "msrun.log"
 PROGRESS_PREFIX = "migrate["
 _MSRUN_CODE = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Where the ranks run: `nodes` machines, this one being `node_rank`."""
-
-    nodes: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None   # None: 127.0.0.1 (one node only)
-    master_port: int | None = None   # None: a free port on this machine (one node only)
-
-
-def cluster_errors(cluster: Cluster, devices: int) -> list[str]:
-    """Every rule the node options break, one line each."""
-    errors = []
-    if isinstance(cluster.nodes, bool) or not isinstance(cluster.nodes, int) or cluster.nodes < 1:
-        return [f"--nodes must be a positive integer, got {cluster.nodes!r}"]
-    if devices % cluster.nodes:
-        errors.append(f"dp × mp × pp = {devices} ranks cannot be spread evenly over --nodes {cluster.nodes}")
-    if not 0 <= cluster.node_rank < cluster.nodes:
-        errors.append(f"--node-rank {cluster.node_rank} is outside 0..{cluster.nodes - 1} for --nodes {cluster.nodes}")
-    if cluster.nodes > 1 and not cluster.master_addr:
-        errors.append(f"--nodes {cluster.nodes} needs --master-addr (the address of node 0, reachable from every node)")
-    if cluster.nodes > 1 and cluster.master_port is None:
-        errors.append(f"--nodes {cluster.nodes} needs --master-port (the same free port on every node)")
-    if cluster.master_port is not None and not 1024 <= cluster.master_port <= 65535:
-        errors.append(f"--master-port must be in 1024..65535, got {cluster.master_port}")
-    return errors
 
 
 def free_port(host: str = LOCALHOST) -> int:

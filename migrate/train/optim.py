@@ -5,7 +5,7 @@ attributes of the live object (what `migrate hparams` reads):
   AdamW          eps, betas, bias_correction, param_groups[i]["weight_decay" | "names"]
   GradClipper    max_norm, eps (torch's clip_grad_norm_ adds 1e-6 to the norm); clipped_norm
   LrSchedule     name, num_warmup_steps, num_training_steps, kwargs, base_lr; lr(i)
-  (the loss divisor of accumulation lives on trainer.MicroStep.loss_divisor)
+  (the loss divisor of accumulation lives on steps.MicroStep.loss_divisor)
 
 AdamW restates `torch.optim.AdamW` as torch runs it on CPU (the single-tensor
 path; foreach/fused are CUDA-only), op by op in fp32 with the scalars made in

@@ -23,6 +23,10 @@ import mindspore as ms
 from migrate.errors import MigrateError
 from migrate.parallel.context import needs_auto_parallel
 from migrate.parallel.layout import Layout, validate
+from migrate.parallel.pipeline import assign_pipeline_stages, build_pipeline_network, pipeline_grad_reducer
+from migrate.parallel.strategy import assign_strategies
+from migrate.train.cluster import cluster_errors
+from migrate.train.steps import PreShiftedLMLoss, pipeline_micro_step
 
 
 def run_layout_of(cfg, dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
@@ -44,8 +48,6 @@ def layout_errors(layout: Layout, model_config, cfg, cluster=None) -> list[str]:
         errors.append(f"checkpoints of tensor/pipeline-parallel runs (--mp {layout.mp}, --pp {layout.pp}) are not "
                       f"implemented; set checkpoint_interval: 0 or use --dp only")
     if cluster is not None:
-        from migrate.train.launch import cluster_errors
-
         errors.extend(cluster_errors(cluster, layout.devices))
     return errors
 
@@ -72,25 +74,6 @@ def refuse_unsupported(layout: Layout, device_target: str | None = None) -> None
 
 
 # ---------- wiring, in each worker ----------
-def pipeline_micro_step(training, layout: Layout, network):
-    """The trainer's MicroStep over a Pipeline network: it sums micro_batches losses, so the
-    divisor grows by micro_batches and the logged loss is their mean."""
-    from migrate.train.trainer import MicroStep
-
-    class PipelineMicroStep(MicroStep):
-        def __init__(self):
-            super().__init__(training.model, list(training.optimizer.parameters),
-                             training.micro.loss_divisor * layout.micro_batches)
-            self.network = network
-            self.parts = layout.micro_batches
-
-        def forward(self, input_ids, targets, scale):
-            total = self.network(input_ids, targets)
-            return total / self.loss_divisor * scale, total / self.parts
-
-    return PipelineMicroStep()
-
-
 def wire_model_parallel(training, layout: Layout) -> dict:
     """Strategies, stages and the pipeline network for a SEMI_AUTO/AUTO_PARALLEL layout.
 
@@ -99,16 +82,11 @@ def wire_model_parallel(training, layout: Layout) -> dict:
     gradient reducer it returns is `PipelineGradReducer` with pp > 1 and
     None otherwise (MindSpore's compiler inserts the reductions).
     """
-    from migrate.parallel.pipeline import assign_pipeline_stages, build_pipeline_network, pipeline_grad_reducer
-    from migrate.parallel.strategy import assign_strategies
-
     model = training.model
     strategies = assign_strategies(model, layout) if layout.mp > 1 else {}
     stages = assign_pipeline_stages(model, layout.pp) if layout.pp > 1 else {}
     reducer = None
     if layout.pp > 1:
-        from migrate.train.trainer import PreShiftedLMLoss
-
         network = build_pipeline_network(PreShiftedLMLoss(model), layout)
         training.micro = pipeline_micro_step(training, layout, network)
         reducer = pipeline_grad_reducer(training.optimizer, layout)

@@ -19,7 +19,11 @@ import os
 import signal
 import sys
 import traceback
-from pathlib import Path
+
+from migrate.errors import MigrateError
+from migrate.parallel.layout import Layout
+from migrate.train.config import RunConfig
+from migrate.train.worker_files import record_exit, record_pid
 
 # Test hooks. "RANK:CODE": that rank exits with CODE right after joining the cluster.
 FAULT_ENV = "MIGRATE_TEST_WORKER_EXIT"
@@ -43,35 +47,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def exit_file(log_dir: str | Path, rank: int) -> Path:
-    return Path(log_dir) / f"worker_{rank}.exit"
-
-
-def pid_file(log_dir: str | Path, rank: int) -> Path:
-    return Path(log_dir) / f"worker_{rank}.pid"
-
-
-def record_exit(log_dir: str | Path, rank: int, code: int) -> None:
-    from migrate.checkpoints.atomic import atomic_write_text
-
-    atomic_write_text(exit_file(log_dir, rank), f"{code}\n")
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK_ID", "-1"))
     if os.environ.get("MS_ROLE") != "MS_SCHED" and rank >= 0:  # msrun exports RANK_ID (we pass --node_rank)
-        from migrate.checkpoints.atomic import atomic_write_text
-
-        atomic_write_text(pid_file(args.log_dir, rank), f"{os.getpid()}\n")
+        record_pid(args.log_dir, rank, os.getpid())
     code = 1
     try:
         code = _run(args)
     except SystemExit as exc:  # the fault hook, argparse
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - every failure must leave its exit code behind
-        from migrate.errors import MigrateError
-
         if isinstance(exc, MigrateError):
             print(f"migrate: error: {exc}", file=sys.stderr, flush=True)
             code = exc.exit_code
@@ -96,9 +82,9 @@ def _current_rank(fallback: int) -> int:
 
 
 def _run(args) -> int:
-    from migrate.parallel.layout import Layout
+    # MindSpore (and the trainer) load only now: a worker that fails before this point
+    # still leaves its pid and exit files, without a MindSpore import in the way.
     from migrate.parallel.runtime import start_parallel
-    from migrate.train.config import RunConfig
 
     cfg = RunConfig.load(args.config)
     layout = Layout(dp=args.dp, mp=args.mp, pp=args.pp, micro_batches=args.micro_batches,

@@ -1,4 +1,4 @@
-"""Is this training checkpoint the one that was written? (MindSpore-free: export and
+"""Is this training checkpoint the one that was written? (MindSpore-free, beside the readers: export and
 inspect call it through `migrate.checkpoints.ms_reader`.)
 
 Every checkpoint of format version 2 on carries manifest.json (sizes and sha256

@@ -1,0 +1,182 @@
+"""Every live object of a MindSpore training run, built from run.yaml: the model with the
+run's precision, dropout and recompute, AdamW over the HF decay groups, the clipper, the
+schedule, the loss scaler; and what they will do, read back from them
+(`effective_hparams`, FLOPs per token). `migrate train` runs them (`migrate.train.trainer`);
+`migrate hparams` reads their knobs without training.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+from migrate.conversion_plan import ConversionPlan
+from migrate.errors import MigrateError
+from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap
+from migrate.models.loading import load_model
+from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
+from migrate.train.config import RunConfig
+from migrate.train.faults import apply_faults, check_faults
+from migrate.train.knobs import TrainingKnobs
+from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
+from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
+from migrate.train.precision import DynamicLossScaler, autocast_model
+from migrate.train.steps import MicroStep
+
+
+@dataclass
+class MSTraining:
+    """Every live object of a MindSpore run; `migrate hparams` reads its knobs from here."""
+
+    cfg: RunConfig
+    model: object
+    model_config: object
+    keymap: Keymap
+    micro: MicroStep
+    optimizer: AdamW
+    clipper: GradClipper
+    schedule: LrSchedule
+    scaler: DynamicLossScaler | None
+    faults: tuple[str, ...] = ()
+    decay_rule: str = "hf"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def loss_divisor(self) -> int:
+        return self.micro.loss_divisor
+
+
+def trainable_model_config(ms_dir):
+    """The model config of a converted folder the trainer can train (a family the registry
+    marks `trains`: the bundled Llama, hf_llama, hf_qwen2, hf_mistral, fused or not);
+    anything else is refused in one line."""
+    config = load_model_config(Path(ms_dir) / "model.yaml")
+    model_class = config.extra.get(MODEL_CLASS_FIELD) or DEFAULT_MODEL_CLASS
+    family = FAMILIES.get(model_class)
+    if family is None or not family.trains or not isinstance(config, family.config_class):
+        raise MigrateError(f"migrate train trains the bundled Llama family (hf_llama, hf_qwen2, hf_mistral); "
+                           f"{ms_dir} holds {model_class}")
+    return config
+
+
+def load_training_model(cfg: RunConfig, weights: bool = True):
+    """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy."""
+    ms_dir = cfg.require("ms_model")
+    config = trainable_model_config(ms_dir)
+    if weights:
+        model, config = load_model(ms_dir, compute_dtype="float32")
+    else:
+        config.compute_dtype = "float32"
+        model = build_model(config)
+    config.attention_dropout = cfg.dropout  # the golden sets every *dropout field
+    for layer in model.model.layers:
+        layer.attention.dropout = cfg.dropout
+        if cfg.recompute:
+            layer.recompute()
+    if cfg.dtype != "fp32":
+        autocast_model(model, cfg.dtype)
+    model.set_train(True)
+    return model, config
+
+
+def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, weights: bool = True) -> MSTraining:
+    faults = check_faults(faults)
+    if model is None:
+        model, model_config = load_training_model(cfg, weights)
+    model_config = model_config or model.config
+    # The variant and target (qkv_concat, mcore) the folder was converted to pair the parameters.
+    keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
+    # The knobs come from the config; an injected fault adjusts them (migrate.train.faults).
+    knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
+    opt = cfg.optimizer
+    optimizer = AdamW(param_groups(model, cfg, keymap, knobs.decay_rule), lr=opt.lr, betas=opt.betas,
+                      eps=knobs.eps, bias_correction=knobs.bias_correction)
+    micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor)
+    scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
+    clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
+    schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift)
+    return MSTraining(cfg, model, model_config, keymap, micro, optimizer, clipper, schedule, scaler, faults,
+                      knobs.decay_rule)
+
+
+# ---------- throughput ----------
+def checkpoint_names(training: MSTraining) -> dict[str, str]:
+    """Model parameter name -> the name the converted folder's checkpoint uses (a keymap
+    target that renames, e.g. mcore), so training checkpoints read like that folder."""
+    return ConversionPlan(training.keymap, training.model_config).checkpoint_names
+
+
+def flops_per_token(config, seq_length: int) -> int:
+    """6 N + 12 L s (heads * head_dim), from the family's anatomy; see the module docstring."""
+    return family_of(config).flops_per_token(config, seq_length)
+
+
+def measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 matmul throughput of MindSpore here (flop/s), one op at a time."""
+    a = Tensor(np.random.default_rng(0).standard_normal((size, size), np.float32))
+    matmul = ops.MatMul()
+    matmul(a, a).asnumpy()  # warm up (kernel selection, threads)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).asnumpy()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 / max(best, 1e-9)
+
+
+# ---------- effective hparams ----------
+def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
+    """What the live MindSpore objects will do (the counterpart of the golden's effective_hparams)."""
+    cfg, opt = training.cfg, training.optimizer
+    groups = [{"weight_decay": g["weight_decay"], "lr": g["lr"], "betas": list(g["betas"]), "eps": g["eps"],
+               "bias_correction": g["bias_correction"], "names": list(g["names"]),
+               "numel": int(sum(math.prod(p.shape) for p in g["params"]))} for g in opt.param_groups]
+    sched = training.schedule
+    live = shared_record(training.model)
+    out = {
+        "side": "mindspore",
+        "versions": {"mindspore": ms.__version__},
+        "config": cfg.to_dict(),
+        "faults": list(training.faults),
+        # Read from the live cells, not the config: what the model that trains will do.
+        "model": {"class": type(training.model).__name__, "weights_dtype": _one_or_all(live["parameter_dtypes"]),
+                  "autocast": autocast_dtype(training.model),
+                  "dropout": {"attention_dropout": training.model_config.attention_dropout},
+                  "recompute": bool(live["recompute_layers"]),
+                  "tie_word_embeddings": bool(training.model_config.tie_word_embeddings),
+                  "keymap": training.keymap.name},
+        "optimizer": {"class": "migrate.train.optim.AdamW (torch.optim.AdamW semantics)",
+                      "decay_rule": training.decay_rule, "groups": groups},
+        "scheduler": {"hf_name": sched.name, "num_warmup_steps": sched.num_warmup_steps,
+                      "num_training_steps": sched.num_training_steps, "kwargs": sched.kwargs,
+                      "lr": sched.table(cfg.total_steps), "lr_index": "lr[i] is the lr of optimizer step i + 1"},
+        "clipping": {"max_grad_norm": training.clipper.max_norm, "eps": training.clipper.eps, "norm_type": 2.0,
+                     "grad_norm_logged": "total norm before clipping"},
+        "accumulation": {"grad_accum_steps": cfg.grad_accum_steps, "loss_divisor": training.loss_divisor,
+                         "micro_batch_size": cfg.micro_batch_size,
+                         "tokens_per_step": cfg.samples_per_step * cfg.seq_length},
+        "loss": {"fn": "mean cross-entropy of fp32 logits", "input": "row[:-1]", "target": "row[1:]"},
+        "seed": cfg.seed,
+        "data": {"dir": str(cfg.data), "shuffle_seed": cfg.shuffle_seed, "reader": "mindspore.dataset.MindDataset",
+                 "sampler": "SubsetSampler over run_order"},
+        # The golden records live_shared from its torch model, same keys and meaning; the rest is ours alone.
+        "live_shared": live,
+        "live_mindspore_only": mindspore_only_record(training.model),
+    }
+    if training.scaler is not None:
+        s = training.scaler
+        out["loss_scale"] = {"init_scale": s.scale, "growth_factor": s.growth_factor,
+                             "backoff_factor": s.backoff_factor, "growth_interval": s.growth_interval,
+                             "on_overflow": "skip optimizer and scheduler step, back off the scale"}
+    if peak is not None:
+        out["throughput"] = peak
+    return out
+
+
+def _one_or_all(names: list[str]):
+    return names[0] if len(names) == 1 else names

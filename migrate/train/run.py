@@ -1,0 +1,53 @@
+"""`migrate train` as a library call: check the layout and the cluster before anything
+starts, then train in this process (one device) or through msrun (several).
+
+    out = run_training("run.yaml", dp=2, echo=print)     # the run folder
+
+Every broken layout rule is one line of the MigrateError; a distributed run that fails
+raises `RunFailed` carrying the failed rank's exit code and its one-line account.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from migrate.errors import MigrateError
+from migrate.train.building import trainable_model_config
+from migrate.train.ckpt import open_checkpoint
+from migrate.train.cluster import Cluster
+from migrate.train.config import RunConfig
+from migrate.train.launch import launch
+from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
+from migrate.train.trainer import check_resumable, train
+
+
+class RunFailed(MigrateError):
+    """A worker of a distributed run failed: the run exits with that worker's code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def run_training(config: str | Path, *, out: str | Path | None = None, resume: str | Path | None = None,
+                 mode: str = "graph", dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
+                 optimizer_shard: bool = False, cluster: Cluster = Cluster(),
+                 echo: Callable[[str], None] = print) -> Path:
+    """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
+    and, with several processes, rank 0's progress lines."""
+    cfg = RunConfig.load(config)
+    layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
+    errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)
+    if errors:
+        raise MigrateError("\n".join(errors))  # one line per broken rule
+    out_dir = Path(out) if out is not None else cfg.out_dir.ms
+    echo(layout.batch_line(cfg.seq_length))
+    refuse_unsupported(layout)
+    if resume is not None:
+        check_resumable(open_checkpoint(resume), cfg, (), layout)  # before any process starts
+    if layout.devices == 1 and cluster.nodes == 1:
+        return train(cfg, out_dir=out_dir, resume=resume, mode=mode)
+    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo)
+    if result.code != 0:
+        raise RunFailed(f"distributed run failed: {result.summary()}", result.code)
+    return out_dir

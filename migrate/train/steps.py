@@ -1,0 +1,72 @@
+"""The cells one training step runs: the loss on pre-shifted targets, one micro-batch's
+loss and accumulated gradients, and the micro-step over a pipeline-parallel network.
+
+The trainer (`migrate.train.trainer`), evaluation and the parallel wiring
+(`migrate.train.parallel_setup`) all build on these; they hold no loop.
+"""
+from __future__ import annotations
+
+from mindspore import ParameterTuple, nn, ops
+
+from migrate.models.common import masked_lm_loss
+from migrate.parallel.layout import Layout
+
+IGNORE_INDEX = -100  # HF's ignore_index; the data pipeline never emits it, padding would
+
+
+def causal_lm_loss(logits, targets, vocab_size: int):
+    """HF ForCausalLMLoss with pre-shifted labels: mean cross-entropy of fp32 logits."""
+    return masked_lm_loss(logits, targets, vocab_size, IGNORE_INDEX)
+
+
+class MicroStep(nn.Cell):
+    """One micro-batch: (loss, acc + d(loss / loss_divisor * scale)/d params)."""
+
+    def __init__(self, model, params, loss_divisor: int):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.loss_divisor = loss_divisor
+        self.weights = ParameterTuple(params)
+        self.grad_fn = ops.value_and_grad(self.forward, None, self.weights, has_aux=True)
+        self.hyper_map = ops.HyperMap()
+
+    def forward(self, input_ids, targets, scale):
+        logits, _, _ = self.model(input_ids)
+        loss = causal_lm_loss(logits, targets, self.vocab_size)
+        return loss / self.loss_divisor * scale, loss
+
+    def construct(self, input_ids, targets, scale, acc):
+        (_, loss), grads = self.grad_fn(input_ids, targets, scale)
+        return loss, self.hyper_map(ops.add, acc, grads)
+
+
+class PreShiftedLMLoss(nn.Cell):
+    """loss = net(input_ids, targets), targets already shifted: evaluation, and the loss
+    network MindSpore's Pipeline wraps."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.vocab_size = model.vocab_size
+
+    def construct(self, input_ids, targets):
+        logits, _, _ = self.model(input_ids)
+        return causal_lm_loss(logits, targets, self.vocab_size)
+
+
+def pipeline_micro_step(training, layout: Layout, network):
+    """The trainer's MicroStep over a Pipeline network: it sums micro_batches losses, so the
+    divisor grows by micro_batches and the logged loss is their mean."""
+    class PipelineMicroStep(MicroStep):
+        def __init__(self):
+            super().__init__(training.model, list(training.optimizer.parameters),
+                             training.micro.loss_divisor * layout.micro_batches)
+            self.network = network
+            self.parts = layout.micro_batches
+
+        def forward(self, input_ids, targets, scale):
+            total = self.network(input_ids, targets)
+            return total / self.loss_divisor * scale, total / self.parts
+
+    return PipelineMicroStep()

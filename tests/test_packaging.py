@@ -1,0 +1,42 @@
+"""The package works installed, not only from the checkout: the wheel carries every
+subpackage, the bundled keymaps and the golden script, and they load from there."""
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "migrate").rglob("__init__.py")}
+    assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert {"migrate.golden", "migrate.keymaps"} <= listed
+
+
+def test_an_installed_wheel_has_the_keymaps_and_the_golden_script(tmp_path):
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+                   check=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("migrate-*.whl")
+    subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)], check=True, cwd=tmp_path)
+    probe = (
+        "import json, migrate, migrate.golden.train_torch as golden\n"
+        "from migrate.keymap import KEYMAP_DIR, Keymap\n"
+        "from migrate.train.hparams import load_golden\n"
+        "print(json.dumps({'package': migrate.__file__, 'golden': golden.__file__, 'keymaps': str(KEYMAP_DIR),\n"
+        "                  'family': Keymap.load('hf_llama').name, 'loaded': load_golden().__file__}))\n"
+    )
+    # From outside the checkout, the installed copy first on the path.
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", probe], check=True, cwd=tmp_path, env=env, capture_output=True,
+                         text=True).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    for key in ("package", "golden", "keymaps", "loaded"):
+        assert Path(found[key]).resolve().is_relative_to(site.resolve()), (key, found[key])
+    assert found["family"] == "hf_llama"
+    assert (site / "migrate" / "keymaps" / "hf_llama.yaml").is_file()
