@@ -17,6 +17,7 @@ def _classes(family: str):
     return {
         "hf_qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM, SMALL),
         "hf_mistral": (t.MistralConfig, t.MistralForCausalLM, SMALL),
+        "hf_gemma": (t.GemmaConfig, t.GemmaForCausalLM, {**SMALL, "head_dim": 16}),  # HF's default is 256
         "hf_gpt2": (t.GPT2Config, t.GPT2LMHeadModel, GPT2_SMALL),
         "hf_bert": (t.BertConfig, t.BertModel, BERT_SMALL),
         "hf_bert_mlm": (t.BertConfig, t.BertForMaskedLM, BERT_SMALL),
@@ -24,7 +25,7 @@ def _classes(family: str):
 
 
 def build_family_model(family: str, seed: int = 0, **overrides):
-    """`family`: hf_qwen2, hf_mistral, hf_gpt2, hf_bert (BertModel) or hf_bert_mlm (BertForMaskedLM)."""
+    """`family`: hf_qwen2, hf_mistral, hf_gemma, hf_gpt2, hf_bert (BertModel) or hf_bert_mlm (BertForMaskedLM)."""
     config_cls, model_cls, base = _classes(family)
     torch.manual_seed(seed)
     model = model_cls(config_cls(**{**base, **overrides})).eval()

@@ -1,6 +1,7 @@
 """Every bundled family from safetensors and `.bin`: convert, match HF, `migrate diff`, round trip.
 
-Qwen2 and Mistral go through the Llama keymap; GPT-2 (Conv1D transposes, c_attn split
+Qwen2, Mistral and Gemma (embedding scale and (1 + weight) RMSNorm as model.yaml flags) go
+through the Llama keymap; GPT-2 (Conv1D transposes, c_attn split
 into q/k/v, learned positions, tied head) and BERT (BertModel with its pooler,
 BertForMaskedLM with its MLM head) through their own keymaps. Run with -s for figures."""
 import numpy as np
@@ -25,8 +26,9 @@ CASES = {
     "qwen2_window": ("hf_qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
     "mistral_window": ("hf_mistral", {"sliding_window": 4}),
     "mistral_full": ("hf_mistral", {"sliding_window": None}),
+    "gemma": ("hf_gemma", {}),  # HF's defaults: tied, gelu_pytorch_tanh; head_dim 16 given explicitly
 }
-BIN_CASES = {"qwen2", "mistral_full"}  # the others are read from safetensors
+BIN_CASES = {"qwen2", "mistral_full", "gemma"}  # the others are read from safetensors
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -97,6 +99,112 @@ def test_src_auto_picks_the_family_and_names_known_ones(tmp_path, capsys):
     assert main(["convert", "--src", "auto", str(src), str(tmp_path / "ms2")]) == 2
     err = capsys.readouterr().err
     assert "no keymap knows 'GPTNeoXForCausalLM'" in err and "hf_qwen2 (Qwen2ForCausalLM)" in err
+
+
+def _copy_with_model_yaml(src, dst, **fields):
+    import shutil
+
+    import yaml
+
+    shutil.copytree(src, dst)
+    data = yaml.safe_load((dst / "model.yaml").read_text())
+    (dst / "model.yaml").write_text(yaml.safe_dump({**data, **fields}, sort_keys=False))
+    return dst
+
+
+def test_gemma_from_auto_and_each_of_its_features_is_needed(tmp_path, capsys):
+    """`--src auto` picks hf_gemma. The same checkpoint under a model.yaml without either Gemma
+    flag fails `migrate diff`, where the feature first acts: the embedding output without the
+    √hidden_size scale; layer 0's attention (after the first norm) without the unit offset.
+    Nor is it exported as a Llama. The no-upcast fault keeps Gemma's offset: a small error,
+    found at the same norm."""
+    import json
+
+    from migrate.cli import main
+
+    src = save_hf_model(build_family_model("hf_gemma", seed=24, num_key_value_heads=4), tmp_path / "hf")
+    assert main(["convert", "--src", "auto", str(src), str(tmp_path / "ms")]) == 0
+    assert json.loads((tmp_path / "ms" / "conversion.json").read_text())["keymap"]["name"] == "hf_gemma"
+    assert main(["keymap", "check", "hf_gemma", "--hf", str(src)]) == 0
+    assert compare(src, tmp_path / "ms", detail=True).passed
+    capsys.readouterr()
+    assert main(["export", "--src", "hf_llama", str(tmp_path / "ms"), str(tmp_path / "as_llama")]) == 2
+    assert "cannot export as hf_llama: model has scale_embeddings=True" in capsys.readouterr().err
+
+    for flag, first in (("scale_embeddings", "embedding output"), ("rms_norm_unit_offset", "layer 0 attention")):
+        faulty = _copy_with_model_yaml(tmp_path / "ms", tmp_path / f"no_{flag}", **{flag: False})
+        report = compare(src, faulty, detail=True)
+        print(f"\n[gemma without {flag}] {report.verdict_text()}")
+        assert not report.passed
+        assert report.summary["first_divergence"]["name"] == first
+
+    report = compare(src, tmp_path / "ms", dtype="bf16", inject="rmsnorm_no_upcast")
+    print(f"\n[gemma bf16 rmsnorm_no_upcast] {report.verdict_text()}")
+    assert not report.passed and report.summary["first_divergence"]["name"] == "layer 0 attention"
+    assert report.summary["headline"]["logits_cosine"] > 0.9999
+
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": True}))
+    capsys.readouterr()
+    assert main(["convert", "--src", "hf_gemma", str(src), str(tmp_path / "bidirectional")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "use_bidirectional_attention is not supported" in err[0]
+    assert not (tmp_path / "bidirectional").exists()
+
+
+def test_gemma_embedding_scale_is_rounded_to_the_weights_dtype():
+    """HF multiplies by √hidden_size cast to the weights' dtype: 5.65625 for hidden 32 in bf16."""
+    from family_models import GEMMA, build_hf, ms_config
+
+    from migrate.models.registry import build_model
+
+    hf = build_hf(GEMMA, {})
+    for dtype, scale in (("float32", np.float32(32 ** 0.5)), ("bfloat16", 5.65625), ("float16", 5.65625)):
+        model = build_model(ms_config(GEMMA, hf.config, compute_dtype=dtype))
+        assert model.model.tok_embeddings.scale == float(scale) == float(hf.model.embed_tokens.embed_scale.to(
+            getattr(torch, dtype)))
+
+
+@pytest.mark.parametrize("target", ["qkv_concat", "mcore"])
+def test_gemma_fused_targets_diff_and_round_trip(tmp_path, target):
+    """hf_llama's targets reach Gemma through `extends`: the bundled model runs them, export splits back."""
+    from migrate.cli import main
+
+    src = save_hf_model(build_family_model("hf_gemma", seed=25), tmp_path / "hf")
+    assert main(["convert", "--src", "hf_gemma", "--target", target, str(src), str(tmp_path / "ms")]) == 0
+    report = compare(src, tmp_path / "ms")
+    assert report.passed and report.summary["headline"]["logits_max_abs"] <= 1e-5
+    assert main(["export", str(tmp_path / "ms"), str(tmp_path / "back")]) == 0
+    with open_hf_checkpoint(src) as a, open_hf_checkpoint(tmp_path / "back") as b:
+        assert set(a.names()) == set(b.names())
+        for name in a.names():
+            assert np.array_equal(a.read(name).view(np.uint8), b.read(name).view(np.uint8)), name
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_gemma_trains_like_the_golden(tmp_path):
+    """`migrate train` trains Gemma (the bundled Llama with its flags; the golden script loads
+    it with AutoModelForCausalLM): 4 steps of the golden and the MindSpore trainer, fp32."""
+    from train_setup import RUN, load_cfg, load_golden, metrics, rel
+
+    from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
+    from migrate.data.tokenize import tokenize_corpus
+    from migrate.train.config import ScheduleConfig
+    from migrate.train.trainer import train
+
+    files = write_stdlib_corpus(tmp_path / "corpus", modules=["textwrap", "heapq"])
+    train_bpe_tokenizer(files, 320, tmp_path / "tok")
+    tokenize_corpus(files, tmp_path / "tok", 16, tmp_path / "data")
+    save_hf_model(build_family_model("hf_gemma", seed=26, vocab_size=320), tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ms", keymap="hf_gemma")
+    (tmp_path / "run.yaml").write_text(RUN)
+    cfg = load_cfg(tmp_path, total_steps=4, schedule=ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1))
+    load_golden().train(cfg, tmp_path / "golden", log=lambda line: None)
+    train(cfg, tmp_path / "ms_run", progress=False)
+    g, m = metrics(tmp_path / "golden"), metrics(tmp_path / "ms_run")
+    print("\n[gemma train] loss rel per step " + ", ".join(f"{rel(a['loss'], b['loss']):.1e}" for a, b in zip(g, m)))
+    assert [r["step"] for r in m] == [1, 2, 3, 4]
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-6
 
 
 # case -> (build_family_model name, keymap --src, layout, config overrides)

@@ -24,6 +24,8 @@ CASES = [
     (LLAMA, LlamaConfig(**LLAMA_BASE, out_proj_has_bias=True, mlp_bias=True)),
     (LLAMA, LlamaConfig(**LLAMA_BASE, n_kv_heads=2, qkv_concat=True, qkv_has_bias=True)),
     (LLAMA, LlamaConfig(**LLAMA_BASE, qkv_concat=True, mlp_bias=True, tie_word_embeddings=True)),
+    (LLAMA, LlamaConfig(**LLAMA_BASE, scale_embeddings=True, rms_norm_unit_offset=True, head_dim=16,
+                        tie_word_embeddings=True)),  # Gemma's flags: other cells, the same parameters
     ("migrate.models.gpt2:GPT2LMHeadModel", GPT2Config(**GPT2_BASE)),
     ("migrate.models.gpt2:GPT2LMHeadModel", GPT2Config(**GPT2_BASE, intermediate_size=20, tie_word_embeddings=False)),
     ("migrate.models.bert:BertModel", BertConfig(**BERT_BASE)),

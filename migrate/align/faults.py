@@ -22,7 +22,7 @@ from mindspore import mint
 from migrate.errors import MigrateError
 from migrate.models.base import ModelCell
 from migrate.models.common import CausalMask, CrossEntropy, ShiftedCrossEntropy
-from migrate.models.llama import RepeatKV, RMSNorm
+from migrate.models.llama import RepeatKV, RMSNorm, UnitOffsetRMSNorm
 from migrate.models.registry import build_model
 from migrate.models.rope import rope_inv_freq
 from migrate.models.rotary import RotaryEmbedding, RotateHalf
@@ -88,18 +88,23 @@ class TiledKV(RepeatKV):
 
 
 class NoUpcastRMSNorm(RMSNorm):
-    """RMSNorm computed in the low-precision dtype, without HF's fp32 upcast."""
+    """RMSNorm computed in the low-precision dtype, without HF's fp32 upcast (a Gemma norm
+    keeps its 1 + weight, then in the low dtype too)."""
 
     def __init__(self, like: RMSNorm):
         ModelCell.__init__(self, like.precision)  # built around the norm's own weight
         self.weight = like.weight
         self.eps = like.eps
+        self.unit_offset = isinstance(like, UnitOffsetRMSNorm)
 
     def construct(self, x):
         h = self._r(x * x)
         variance = self._r(mint.mean(h, -1, keepdim=True))
         h = self._r(x * self._r(mint.rsqrt(self._r(variance + self.eps))))
-        return self._r(self._p(self.weight) * h)
+        weight = self._p(self.weight)
+        if self.unit_offset:
+            weight = self._r(1.0 + weight)
+        return self._r(weight * h)
 
 
 # ---------------------------------------------------------------- the faults

@@ -141,6 +141,11 @@ class LlamaConfig(ConfigIO):
     # MindFormers' fused layout: attention.w_qkv (rows per KV group: q heads | k | v)
     # and feed_forward.w_gate_hidden (gate/up rows interleaved); see migrate.transforms.
     qkv_concat: bool = False
+    # Gemma's two forward features (keymaps/hf_gemma.yaml sets them): the embedding output
+    # times √hidden_size rounded to the parameters' dtype, and RMSNorm scaling by (1 + weight)
+    # in fp32 before its one cast back (the weight then starts at zeros).
+    scale_embeddings: bool = False
+    rms_norm_unit_offset: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
 
     def __post_init__(self):
@@ -157,6 +162,9 @@ class LlamaConfig(ConfigIO):
             raise MigrateError(
                 f"num_heads ({self.num_heads}) is not a multiple of n_kv_heads ({self.n_kv_heads})"
             )
+        if self.extra.get("use_bidirectional_attention"):
+            # HF Gemma's flag (kept verbatim for export): its sdpa path then attends both ways.
+            raise MigrateError("use_bidirectional_attention is not supported: the bundled Llama attends causally")
 
     @property
     def rope_type(self) -> str:

@@ -27,7 +27,10 @@ restating it (each replaced by type, e.g. by `migrate.align.faults`):
   attention     `attention.scores` (q·kᵀ), `attention.softmax`, `attention.mix`
                 (probs·v) kernels; a KV cache would join cached k/v to this step's
                 between the rotary and `_attend` (see LlamaAttention.construct)
-  norm          `RMSNorm` cells (`eps`)
+  norm          `RMSNorm` cells (`eps`); `UnitOffsetRMSNorm` (Gemma) where the config sets
+                `rms_norm_unit_offset`
+  embedding     `model.tok_embeddings`; a `ScaledEmbedding` (Gemma) where the config sets
+                `scale_embeddings` (`scale`)
   rotary        `model.rotary_emb` (the cos/sin tables), `attention.rotary` (how they rotate q, k)
   kv repeat     `attention.repeat_kv` (GQA)
   mask          `model.mask` (`fill_value`)
@@ -42,6 +45,8 @@ closely. On other devices the ops run natively in the compute dtype.
 """
 from __future__ import annotations
 
+import mindspore as ms
+import numpy as np
 from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
@@ -82,18 +87,50 @@ _ACTIVATIONS = {
 
 
 class RMSNorm(ModelCell):
+    INIT = "ones"
+
     def __init__(self, hidden_size: int, eps: float, build: Build, prefix: str):
         super().__init__(build.precision)
-        self.weight = build.const(prefix + ".weight", (hidden_size,), "ones")
+        self.weight = build.const(prefix + ".weight", (hidden_size,), self.INIT)
         self.eps = eps
+
+    def _normalise(self, x):
+        h = x.astype(F32)
+        variance = mint.mean(h * h, -1, keepdim=True)
+        return h * mint.rsqrt(variance + self.eps)
 
     def construct(self, x):
         # HF order: normalise in fp32, cast back to the input dtype, then scale.
-        input_dtype = x.dtype
-        h = x.astype(F32)
-        variance = mint.mean(h * h, -1, keepdim=True)
-        h = h * mint.rsqrt(variance + self.eps)
-        return self._r(self._p(self.weight) * self._r(h.astype(input_dtype)))
+        return self._r(self._p(self.weight) * self._r(self._normalise(x).astype(x.dtype)))
+
+
+class UnitOffsetRMSNorm(RMSNorm):
+    """HF GemmaRMSNorm: scales by (1 + weight) in fp32, then casts back to the input dtype
+    once (Llama casts first, then scales); the weight starts at zeros."""
+
+    INIT = "zeros"
+
+    def construct(self, x):
+        return self._r((self._normalise(x) * (1.0 + self.weight.astype(F32))).astype(x.dtype))
+
+
+def _norm(config: LlamaConfig, build: Build, prefix: str) -> RMSNorm:
+    kind = UnitOffsetRMSNorm if config.rms_norm_unit_offset else RMSNorm
+    return kind(config.hidden_size, config.rms_norm_eps, build, prefix)
+
+
+class ScaledEmbedding(Embedding):
+    """HF GemmaTextScaledWordEmbedding: the lookup times √hidden_size, the multiplier (fp32)
+    cast to the table's dtype first (55.4256 becomes 55.5 in bf16), the product rounded once."""
+
+    SITES = ("op",)
+
+    def __init__(self, num: int, size: int, build: Build, prefix: str, padding_idx: int | None = None):
+        super().__init__(num, size, build, prefix, padding_idx=padding_idx)
+        self.scale = float(ms.Tensor(np.float32(size ** 0.5)).astype(build.dtype).astype(F32).asnumpy())
+
+    def construct(self, ids, weight=None):
+        return self._r(super().construct(ids, weight) * self.scale)
 
 
 class RepeatKV(nn.Cell):
@@ -210,9 +247,9 @@ class LlamaDecoderLayer(ModelCell):
     def __init__(self, config: LlamaConfig, build: Build, prefix: str, sliding: bool = False):
         super().__init__(build.precision)
         self.sliding = sliding  # attends through the sliding-window mask (Mistral, Qwen2 windowed layers)
-        self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, build, prefix + ".attention_norm")
+        self.attention_norm = _norm(config, build, prefix + ".attention_norm")
         self.attention = LlamaAttention(config, build, prefix + ".attention")
-        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, build, prefix + ".ffn_norm")
+        self.ffn_norm = _norm(config, build, prefix + ".ffn_norm")
         self.feed_forward = LlamaFeedForward(config, build, prefix + ".feed_forward")
 
     def construct(self, x, cos, sin, mask, window_mask):
@@ -242,14 +279,15 @@ class LlamaModel(ModelCell):
 
     def __init__(self, config: LlamaConfig, build: Build, prefix: str = "model"):
         super().__init__(build.precision)
-        self.tok_embeddings = Embedding(config.vocab_size, config.hidden_size, build, prefix + ".tok_embeddings",
+        embedding = ScaledEmbedding if config.scale_embeddings else Embedding
+        self.tok_embeddings = embedding(config.vocab_size, config.hidden_size, build, prefix + ".tok_embeddings",
                                         padding_idx=config.pad_token_id)
         self.sliding_window = config.sliding_window
         sliding = _sliding_layers(config)
         self.layers = nn.CellList(
             [LlamaDecoderLayer(config, build, f"{prefix}.layers.{i}", sliding[i]) for i in range(config.num_layers)]
         )
-        self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, build, prefix + ".norm_out")
+        self.norm_out = _norm(config, build, prefix + ".norm_out")
         self.rotary_emb = RotaryEmbedding(config, build.precision)
         self.mask = CausalMask(build)
 
@@ -273,7 +311,8 @@ class LlamaForCausalLM(CausalLM):
     """HF LlamaForCausalLM in MindSpore; see the module docstring for the call.
 
     `seed` makes the HF-style initialisation (normal(0, initializer_range) for
-    linears and the embedding, ones for norms, zeros for biases) reproducible.
+    linears and the embedding, ones for norms (zeros with `rms_norm_unit_offset`),
+    zeros for biases) reproducible.
     """
 
     DECODER = "model"

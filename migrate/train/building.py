@@ -53,13 +53,13 @@ class MSTraining:
 
 def trainable_model_config(ms_dir):
     """The model config of a converted folder the trainer can train (a family the registry
-    marks `trains`: the bundled Llama, hf_llama, hf_qwen2, hf_mistral, fused or not);
+    marks `trains`: the bundled Llama, hf_llama, hf_qwen2, hf_mistral, hf_gemma, fused or not);
     anything else is refused in one line."""
     config = load_model_config(Path(ms_dir) / "model.yaml")
     model_class = config.extra.get(MODEL_CLASS_FIELD) or DEFAULT_MODEL_CLASS
     family = FAMILIES.get(model_class)
     if family is None or not family.trains or not isinstance(config, family.config_class):
-        raise MigrateError(f"migrate train trains the bundled Llama family (hf_llama, hf_qwen2, hf_mistral); "
+        raise MigrateError(f"migrate train trains the bundled Llama family (hf_llama, hf_qwen2, hf_mistral, hf_gemma); "
                            f"{ms_dir} holds {model_class}")
     return config
 
