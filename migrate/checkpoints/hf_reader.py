@@ -25,7 +25,7 @@ import numpy as np
 
 from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_dtype_name, torch_to_numpy
 from migrate.checkpoints.model_folder import ModelFolder
-from migrate.checkpoints.pages import PAGE, drop_pages, file_mappings
+from migrate.checkpoints import pages  # a module, so a test can swap drop_pages for a no-op
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
 
@@ -267,7 +267,7 @@ class _BinFile:
             raise MigrateError(f"{path.name} holds non-tensor entries: {', '.join(bad[:5])}")
         self._state = state
 
-        self._mappings = file_mappings(path)  # empty when the file could not be mapped
+        self._mappings = pages.file_mappings(path)  # empty when the file could not be mapped
         self._current = (None, None)          # (name, raw bytes) of the tensor being read
 
     def specs(self):
@@ -292,8 +292,8 @@ class _BinFile:
         np.copyto(view, raw[start:stop])
         if self._mappings:
             # Include the page before `start`: its tail was copied by the previous read.
-            first = max(0, start - PAGE)
-            drop_pages(raw.ctypes.data + first, stop - first, self._mappings)
+            first = max(0, start - pages.PAGE)
+            pages.drop_pages(raw.ctypes.data + first, stop - first, self._mappings)
         if stop == raw.size:
             self._current = (None, None)
 
