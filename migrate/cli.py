@@ -27,6 +27,10 @@ def _cmd_convert(args) -> int:
         if target not in (None, "qkv_concat", "mcore"):  # mcore is fused already
             raise MigrateError(f"--qkv-concat cannot be combined with --target {target}")
         target = target or "qkv_concat"
+    if args.mindformers_yaml:  # refuse what MindFormers cannot express before converting anything
+        from migrate.mindformers.run import precheck_hf
+
+        precheck_hf(args.src_dir, args.keymap or args.src, target, args.seq_length)
     with progress_bar("converting") as update:
         result = convert(args.src_dir, args.out_dir, keymap=args.keymap or args.src, fmt=args.format,
                          dtype=args.dtype, overwrite=args.overwrite, on_tensor=update,
@@ -35,6 +39,11 @@ def _cmd_convert(args) -> int:
         f"[green]converted[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.2f}s -> {result.out_dir}"
     )
+    if args.mindformers_yaml:
+        from migrate.cli_mindformers import write_yaml
+        from migrate.train.config import RunConfig
+
+        write_yaml(args, result.out_dir, RunConfig.load(args.mindformers_run) if args.mindformers_run else None)
     return 0
 
 
@@ -44,11 +53,16 @@ def _cmd_export(args) -> int:
 
     with progress_bar("exporting") as update:
         result = export(args.ms_dir, args.out_dir, keymap=args.keymap or args.src, overwrite=args.overwrite,
-                        on_tensor=update)
+                        on_tensor=update, checkpoint=args.checkpoint)
     console().print(
         f"[green]exported[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"in {result.seconds:.2f}s -> {result.out_dir}"
     )
+    if result.skipped:
+        from migrate.checkpoints.training_state import summary
+
+        console().print(f"skipped {len(result.skipped)} training-state tensors (not weights): "
+                        f"{summary(result.skipped)}", markup=False, highlight=False)
     return 0
 
 
@@ -66,7 +80,16 @@ def _cmd_inspect(args) -> int:
     for name, dtype, shape in rows:
         table.add_row(name, dtype, "×".join(map(str, shape)) or "scalar")
     console().print(table)
-    console().print(f"{len(rows)} tensors, {total_parameters(rows):,} parameters")
+    from migrate.checkpoints.training_state import is_training_state, summary
+
+    state = [row for row in rows if is_training_state(row[0])]
+    if not state:
+        console().print(f"{len(rows)} tensors, {total_parameters(rows):,} parameters")
+        return 0
+    model = [row for row in rows if not is_training_state(row[0])]
+    console().print(f"{len(model)} model tensors, {total_parameters(model):,} parameters; "
+                    f"{len(state)} training-state tensors, skipped by export: {summary(r[0] for r in state)}",
+                    markup=False, highlight=False)
     return 0
 
 
@@ -127,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
                         "default 1.9GB for ckpt, one file for safetensors")
     p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    p.add_argument("--mindformers-yaml", metavar="FILE", help="also write a MindSpore Transformers 2.0.0 run YAML "
+                                                               "for the output (see migrate mindformers-config)")
+    p.add_argument("--mindformers-run", metavar="RUN_YAML", help="with --mindformers-yaml: translate this run.yaml's "
+                                                                  "training knobs into it")
+    from migrate.cli_mindformers import add_yaml_options
+
+    add_yaml_options(p, standalone=False)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("export", help="MindSpore checkpoint folder -> HF folder (inverse keymap)")
@@ -135,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", help="family whose keymap converted the model (default: what conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--checkpoint", metavar="FILE", help="export this checkpoint of the folder's model instead of its "
+                                                        "own (e.g. one MindFormers trained; optimizer state skipped)")
     p.add_argument("--trust-model-class", action=TrustModelClassAction)
     p.set_defaults(func=_cmd_export)
 
@@ -173,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     from migrate.cli_train import register
 
     register(sub)
+    from migrate.cli_mindformers import register as register_mindformers
+
+    register_mindformers(sub)
     return parser
 
 

@@ -98,6 +98,12 @@ def _cmd_hparams(args) -> int:
     from migrate.train.hparams import format_report, hparams_report
     from migrate.ui import console
 
+    if args.mindformers:  # the MindFormers YAML as the second side
+        from migrate.mindformers.hparams import format_mf_report, mf_hparams_report
+
+        report = mf_hparams_report(RunConfig.load(args.config), args.mindformers)
+        console().print(format_mf_report(report), markup=False, highlight=False)
+        return report.exit_status
     report = hparams_report(RunConfig.load(args.config))
     console().print(format_report(report), markup=False, highlight=False)
     return report.exit_status
@@ -169,6 +175,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("hparams", help="both sides' effective hyperparameters; exit 1 on any difference")
     p.add_argument("config", help="run.yaml")
+    p.add_argument("--mindformers", metavar="MF_YAML",
+                   help="compare the golden with what MindSpore Transformers 2.0.0 does with this run YAML")
     p.set_defaults(func=_cmd_hparams)
 
     p = sub.add_parser("plan", help="per-device memory estimate and a ranked list of parallel layouts that fit")

@@ -7,7 +7,7 @@ rebuilt from model.yaml through transformers.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
+from migrate.checkpoints.training_state import split_training_state
 from migrate.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
@@ -33,22 +34,28 @@ class ExportResult:
     tensors: int
     parameters: int
     seconds: float
+    skipped: list[str] = field(default_factory=list)  # MindFormers' optimizer and training state
 
 
 def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, overwrite: bool = False,
-           on_tensor=None) -> ExportResult:
+           on_tensor=None, checkpoint: str | Path | None = None) -> ExportResult:
+    """`checkpoint`: another checkpoint file of the same model (one MindFormers trained) to export
+    instead of the folder's own; its optimizer and training state are skipped."""
     started = time.perf_counter()
     ms_dir, out = Path(ms_dir), Path(out_dir)
     if not ms_dir.is_dir():
         raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
     # Fail before any heavy work; checked again, with every file read, when the output is created.
     keymap_file = keymap if str(keymap).endswith((".yaml", ".yml")) else None
-    check_output(out, overwrite=overwrite, source=ms_dir, inputs=(keymap_file,))
+    check_output(out, overwrite=overwrite, source=ms_dir, inputs=(keymap_file, checkpoint))
     config = load_model_config(ms_dir)
     ms_fields = config.to_dict()
     plan = ConversionPlan(resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields), config)
     km = plan.keymap
-    ckpt = open_ms_checkpoint(ms_dir)
+    ckpt = open_ms_checkpoint(checkpoint or ms_dir)
+    # A checkpoint MindFormers trained also holds adam_m.*, adam_v.*, global_step, ...: not weights.
+    model_names, skipped = split_training_state(ckpt.specs)
+    model_specs = {name: ckpt.specs[name] for name in model_names}
 
     groups, renamed = plan.groups, plan.checkpoint_names
     member = {}  # checkpoint name -> (group index, position among the group's targets)
@@ -57,12 +64,12 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
             member[renamed.get(dst, dst)] = (i, k)
     missing = [f"{name} (-> {', '.join(groups[i].src)})" for name, (i, _) in member.items()
                if name not in ckpt.specs]
-    unexpected = [name for name in ckpt.specs if name not in member]
+    unexpected = [name for name in model_specs if name not in member]
     if missing or unexpected:
         raise CoverageError(missing, unexpected)
     _check_shapes(ckpt, plan)
 
-    specs = _hf_specs(ckpt, groups, member, ms_fields)
+    specs = _hf_specs(model_specs, groups, member, ms_fields)
     hf_fields = km.ms_to_hf_config({k: v for k, v in ms_fields.items() if k not in (MODEL_CLASS_FIELD, TARGET_FIELD)})
     hf_fields["dtype"] = config.compute_dtype
     count = params = 0
@@ -72,6 +79,8 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
         with SafetensorsWriter(tmp / HF_WEIGHTS, specs, metadata=metadata) as writer:
             pending: dict[int, dict[int, np.ndarray]] = {}  # parts of fused groups read so far
             for name, array in ckpt.tensors():
+                if name not in member:  # training state, counted in `skipped`
+                    continue
                 i, k = member[name]
                 parts = pending.setdefault(i, {})
                 parts[k] = array
@@ -86,7 +95,7 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
                         on_tensor(hf_name, count, len(specs))
         write_hf_config(tmp, hf_fields)
         copy_sidecars(ms_dir, tmp)
-    return ExportResult(out, count, params, time.perf_counter() - started)
+    return ExportResult(out, count, params, time.perf_counter() - started, skipped)
 
 
 def _check_shapes(ckpt, plan: ConversionPlan) -> None:
@@ -105,12 +114,12 @@ def _check_shapes(ckpt, plan: ConversionPlan) -> None:
                            "(checkpoint shape vs the shape model.yaml implies)")
 
 
-def _hf_specs(ckpt, groups, member, fields) -> list[tuple]:
+def _hf_specs(model_specs, groups, member, fields) -> list[tuple]:
     """(HF name, dtype, shape) in the order export writes them: a group's sources
     once the last of its targets has been read."""
     seen: dict[int, list[tuple]] = {}
     specs = []
-    for name, (dtype, shape) in ckpt.specs.items():
+    for name, (dtype, shape) in model_specs.items():
         i, k = member[name]
         parts = seen.setdefault(i, [None] * len(groups[i].dst))
         parts[k] = (dtype, tuple(shape))

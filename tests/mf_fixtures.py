@@ -1,0 +1,41 @@
+"""A tiny converted Llama (attention biases, GQA) and a run.yaml, for the MindFormers YAML tests.
+
+No MindSpore and no data tokenization: `mindformers-config` and `hparams --mindformers`
+read only data.json from the data folder.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hf_fixtures import build_hf_model, save_hf_model
+
+from migrate.convert import convert
+
+RUN = """\
+hf_model: hf
+ms_model: ms
+data: data
+seq_length: 16
+micro_batch_size: 4
+grad_accum_steps: 2
+total_steps: 40
+max_grad_norm: 1.0
+seed: 3
+shuffle: false
+optimizer: {lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
+schedule: {name: cosine, warmup_steps: 5, min_lr_rate: 0.1}
+out_dir: {golden: golden, ms: ms_out}
+"""
+
+
+def make_mf_root(root: Path, run_yaml: str = RUN) -> Path:
+    save_hf_model(build_hf_model("gqa", attention_bias=True), root / "hf")
+    convert(root / "hf", root / "ms")
+    convert(root / "hf", root / "ms_fused", target="qkv_concat")
+    (root / "data").mkdir()
+    (root / "data" / "data.json").write_text(json.dumps({"format": "migrate-tokens", "version": 1, "seq_length": 16,
+                                                         "samples": 400, "dtype": "int32",
+                                                         "tokenizer": {"vocab_size": 128}}))
+    (root / "run.yaml").write_text(run_yaml)
+    return root
