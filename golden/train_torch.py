@@ -34,6 +34,7 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 if not __package__:  # run as a script from the checkout: `migrate` lies beside golden/
@@ -46,6 +47,7 @@ from migrate.checkpoints.atomic import atomic_output_dir  # noqa: E402
 from migrate.data.samples import load_samples, read_meta, run_order  # noqa: E402
 from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
+from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
 from migrate.train.config import RunConfig  # noqa: E402
 from migrate.train.decay import hf_decay_names  # noqa: E402
 
@@ -83,7 +85,63 @@ def build_model(cfg: RunConfig, weights: bool = True):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     if cfg.recompute:
         model.activation_checkpointing_enable()  # transformers 5's name for gradient checkpointing
+    if cfg.lora is not None:
+        model = add_lora(model, cfg, weights)
     return model.train()
+
+
+def add_lora(model, cfg: RunConfig, weights: bool = True):
+    """PEFT's LoRA: `LoraConfig` + `get_peft_model` (base frozen, adapters trainable), the adapters
+    then set to migrate's initial bits (PEFT's kaiming-uniform A and zero B, drawn from numpy) so
+    that `migrate train` starts from the same ones. PEFT picks the modules; they must be the
+    ones migrate resolves through the keymap."""
+    from peft import LoraConfig, get_peft_model
+
+    spec = cfg.lora
+    head = model.get_output_embeddings()
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    heads = {n for n, m in model.named_modules() if m is head}
+    chosen = select_modules(spec.target_list, linear, heads, f"the HF model in {cfg.hf_model}")
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
+                        target_modules=spec.target_modules, use_rslora=spec.use_rslora, use_dora=spec.use_dora,
+                        task_type="CAUSAL_LM")
+    with warnings.catch_warnings():  # PEFT asks transformers a deprecated question (is_gradient_checkpointing)
+        warnings.simplefilter("ignore", FutureWarning)
+        model = get_peft_model(model, config)
+    layers = lora_layers(model)
+    if sorted(layers) != sorted(chosen):
+        raise MigrateError(f"PEFT adapted {sorted(layers)[:3]}..., migrate resolves {sorted(chosen)[:3]}...")
+    if weights:
+        with torch.no_grad():
+            for name, layer in layers.items():
+                a, b = initial_adapter(name, layer.in_features, layer.out_features, spec.rank, cfg.seed)
+                layer.lora_A["default"].weight.copy_(torch.from_numpy(a))
+                layer.lora_B["default"].weight.copy_(torch.from_numpy(b))
+    return model
+
+
+def lora_layers(model) -> dict:
+    """HF module name -> PEFT's LoRA layer wrapping it."""
+    from peft.tuners.lora import LoraLayer
+
+    return {n.removeprefix("base_model.model."): m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def lora_facts(model, fingerprint: bool = True) -> dict:
+    """What PEFT's live adapters do, with the keys `migrate train` records (`lora` in effective_hparams)."""
+    layers = lora_layers(model)
+    first = next(iter(layers.values()))
+    config = model.peft_config["default"]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    base = None
+    if fingerprint and first.base_layer.weight.device.type != "meta":
+        base = base_fingerprint({n: m.base_layer.weight.detach().float().numpy() for n, m in layers.items()})
+    return {"rank": int(first.r["default"]), "alpha": float(config.lora_alpha),
+            "scaling": float(first.scaling["default"]),
+            "dropout": float(getattr(first.lora_dropout["default"], "p", 0.0)),
+            "use_rslora": bool(config.use_rslora), "use_dora": bool(config.use_dora),
+            "target_modules": sorted(layers), "trainable_tensors": len(trainable),
+            "trainable_numel": int(sum(p.numel() for p in trainable)), "base_sha256": base}
 
 
 def build_optimizer(model, cfg: RunConfig) -> torch.optim.AdamW:
@@ -121,6 +179,8 @@ def live_facts(model, autocast) -> dict:
     in under the run's autocast (their output dtype in a two-token probe forward, in eval mode
     and without grad: no dropout, no RNG drawn, nothing kept); the decoder layers whose
     gradient checkpointing flag is set."""
+    if hasattr(model, "get_base_model"):  # PEFT's wrapper: the HF model is inside (adapters included)
+        model = model.get_base_model()
     layers, seen, hooks = list(model.base_model.layers), {}, []
 
     def watch(key, module):
@@ -196,6 +256,8 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
                  "order": "epoch e = numpy.random.default_rng([seed, e]).permutation(n)"},
         "live_shared": live_facts(model, AUTOCAST[cfg.dtype]),  # `migrate train` records the same
     }
+    if cfg.lora is not None:
+        out["lora"] = lora_facts(model)
     if scaler is not None:
         out["loss_scale"] = {"init_scale": scaler.get_scale(), "growth_factor": scaler.get_growth_factor(),
                              "backoff_factor": scaler.get_backoff_factor(),

@@ -115,6 +115,7 @@ def _cmd_diff(args) -> int:
         args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
         text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
         inject=args.inject, thresholds=thresholds, keymap=args.keymap or args.src, mode=args.mode, lr=args.lr,
+        adapter=args.adapter,
     )
     print_table(report, console())
     if args.report:
@@ -186,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW lr for the --grads step")
     p.add_argument("--generate", type=int, default=0, metavar="N", help="greedy-generate N tokens on both")
     p.add_argument("--inject", metavar="FAULT[@LAYER]", help="inject a known fault into the MindSpore side")
+    p.add_argument("--adapter", metavar="DIR", help="a LoRA adapter (PEFT folder, or `migrate lora import` output / "
+                                                    "a LoRA run's checkpoint) attached on both sides")
     p.add_argument("--list-faults", action="store_true", help="list the faults --inject knows")
     p.add_argument("--mode", choices=["pynative", "graph"], default="pynative", help="MindSpore execution mode")
     p.add_argument("--report", metavar="DIR", help="write report.json, report.md, report.html and the plot")
@@ -208,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     from migrate.cli_mindformers import register as register_mindformers
 
     register_mindformers(sub)
+    from migrate.cli_lora import register as register_lora
+    register_lora(sub)
     return parser
 
 

@@ -129,9 +129,18 @@ def _cmd_plan(args) -> int:
     from migrate.plan import plan, print_plan
     from migrate.ui import console
 
-    result = plan(LlamaConfig.load(args.model), args.devices, parse_size(args.device_memory), args.seq_length,
-                  args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard)
+    config = LlamaConfig.load(args.model)
+    estimate, lora_table = None, None
+    if args.lora_rank is not None:  # a LoRA run: frozen base, adapters only trained (migrate.lora.memory)
+        from migrate.lora.memory import lora_planning
+
+        estimate, lora_table = lora_planning(args.model, config, args.lora_rank, args.lora_targets, args.seq_length,
+                                             args.dtype)
+    result = plan(config, args.devices, parse_size(args.device_memory), args.seq_length,
+                  args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard, estimate=estimate)
     print_plan(result, console(), max_rows=args.top)
+    if lora_table is not None:
+        console().print(lora_table)
     return 0 if result.valid else 1
 
 
@@ -188,6 +197,8 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--no-optimizer-shard", action="store_true", help="keep optimizer states whole on every dp rank")
     p.add_argument("--top", type=int, default=20, help="layouts to list")
+    p.add_argument("--lora-rank", type=int, help="plan a LoRA run of this rank (base frozen), beside full training")
+    p.add_argument("--lora-targets", default="q_proj,v_proj", help="LoRA target modules: q_proj,v_proj or all-linear")
     p.set_defaults(func=_cmd_plan)
 
     km = sub.add_parser("keymap", help="work with keymaps")

@@ -288,11 +288,12 @@ def _divisors(n: int) -> list[int]:
 
 def plan(config, devices: int, device_memory_bytes: int, seq_length: int, global_batch: int,
          dtype: str = "bf16", micro_batch_sizes: Iterable[int] = (1, 2, 4, 8), optimizer_shard: bool = True,
-         recompute: Iterable[str] = RECOMPUTE, profile: MemoryProfile = DEVICE) -> PlanResult:
+         recompute: Iterable[str] = RECOMPUTE, profile: MemoryProfile = DEVICE, estimate=None) -> PlanResult:
     """Every (dp, mp, pp, micro batch, recompute) with dp·mp·pp = devices: validated, estimated, ranked.
 
     With pp > 1 the per-replica batch runs as pipeline micro-batches
-    (grad_accum_steps 1); with pp == 1 as gradient accumulation.
+    (grad_accum_steps 1); with pp == 1 as gradient accumulation. `estimate`: the per-layout
+    estimator (default `estimate_memory`; `migrate.lora.memory.lora_estimate` for a LoRA run).
     """
     if dtype not in DTYPE_BYTES:
         raise MigrateError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16")
@@ -320,7 +321,7 @@ def plan(config, devices: int, device_memory_bytes: int, seq_length: int, global
                     if errors:
                         result.rejected.append(Candidate(lay, rc, reason=errors[0]))
                         continue
-                    mem = estimate_memory(config, lay, seq_length, dtype, rc, profile)
+                    mem = (estimate or estimate_memory)(config, lay, seq_length, dtype, rc, profile)
                     if mem.total > device_memory_bytes:
                         result.rejected.append(Candidate(lay, rc, mem, reason=(
                             f"needs {mem.total / GiB:.1f} GiB > {device_memory_bytes / GiB:.1f} GiB "

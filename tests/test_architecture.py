@@ -22,15 +22,15 @@ LAYERS = [
     ("model descriptions", ["migrate.keymap", "migrate.keymap_schema", "migrate.conversion_plan",
                             "migrate.models.config", "migrate.models.gpt2_config", "migrate.models.bert_config",
                             "migrate.models.registry", "migrate.models.shapes", "migrate.models.support",
-                            "migrate.models.rope", "migrate.models.anatomy"]),
+                            "migrate.models.rope", "migrate.models.anatomy", "migrate.lora"]),
     ("conversion", ["migrate.convert", "migrate.export", "migrate.inspect_ckpt", "migrate.keymap_check",
-                    "migrate.plan"]),
+                    "migrate.plan", "migrate.lora.transfer", "migrate.lora.memory"]),
     ("MindSpore models", ["migrate.models"]),
     ("judge", ["migrate.judge"]),
     ("tools", ["migrate.align", "migrate.parallel", "migrate.train", "migrate.mindformers"]),
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the
     # planner runs in a clean interpreter (its lazy imports are what it measures).
-    ("entry points", ["migrate.cli", "migrate.cli_train", "migrate.cli_mindformers",
+    ("entry points", ["migrate.cli", "migrate.cli_train", "migrate.cli_lora", "migrate.cli_mindformers",
                       "migrate.demo", "migrate.demo_train",
                       "migrate.__main__", "migrate.train.worker", "migrate.plan_measure"]),
 ]

@@ -11,6 +11,7 @@ import mindspore as ms
 import numpy as np
 import torch
 
+from migrate.align.adapters import attach_to_hf, attach_to_ms, load_adapter
 from migrate.align.faults import check_fault, parse_fault
 from migrate.align.hf_side import OUTPUTS, HFSide
 from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
@@ -43,6 +44,7 @@ def compare(
     keymap: str | None = None,
     mode: str = "pynative",
     lr: float = 1e-4,
+    adapter: str | Path | None = None,
 ) -> Report:
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
     for folder, what in ((hf_dir, "HF model folder"), (ms_dir, "MindSpore model folder")):
@@ -76,6 +78,12 @@ def compare(
         layer = check_fault(fault[0], config, dtype, padded, fault[1])
         fault[0].apply(ms_side, layer)
     hf_side = HFSide(hf_dir, dtype, km.align, config.num_layers, seed)
+    if adapter is not None:  # the same LoRA adapter on both sides (migrate.align.adapters)
+        if grads:
+            raise MigrateError("--grads with --adapter is not supported; compare the forward and --generate")
+        lora, sites, fields = load_adapter(adapter, ms_dir)
+        attach_to_ms(ms_side.model, lora, sites, fields)
+        attach_to_hf(hf_side.model, lora, sites)
     if generate and not hf_side.can_generate:
         raise MigrateError(f"--generate needs a generative model; {type(hf_side.model).__name__} is not one")
 
@@ -89,6 +97,7 @@ def compare(
         ref_label="HF PyTorch", got_label="MindSpore",
         versions=_versions(), thresholds=thresholds or Thresholds.for_dtype(dtype),
         extra={"mode": mode, "detail": detail, "keymap": km.name,
+               **({"adapter": str(adapter)} if adapter is not None else {}),
                **({"inject": fault[0].name, "inject_layer": layer, "expected_block": fault[0].block}
                   if fault else {})},
     )

@@ -24,6 +24,7 @@ from migrate.train.config import RunConfig
 from migrate.train.faults import apply_faults, check_faults
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
+from migrate.train.lora_run import LoraRun, attach_for_training, lora_param_groups
 from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
 from migrate.train.precision import DynamicLossScaler, autocast_model
 from migrate.train.steps import MicroStep
@@ -45,6 +46,7 @@ class MSTraining:
     faults: tuple[str, ...] = ()
     decay_rule: str = "hf"
     extra: dict = field(default_factory=dict)
+    lora: LoraRun | None = None  # a LoRA run: adapters on a frozen base (migrate.train.lora_run)
 
     @property
     def loss_divisor(self) -> int:
@@ -94,14 +96,19 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
     # The knobs come from the config; an injected fault adjusts them (migrate.train.faults).
     knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
     opt = cfg.optimizer
-    optimizer = AdamW(param_groups(model, cfg, keymap, knobs.decay_rule), lr=opt.lr, betas=opt.betas,
-                      eps=knobs.eps, bias_correction=knobs.bias_correction)
+    lora = None
+    if cfg.lora is not None:
+        lora = attach_for_training(model, model_config, keymap, cfg, weights=weights)
+        groups = lora_param_groups(model, lora, cfg, knobs.decay_rule)
+    else:
+        groups = param_groups(model, cfg, keymap, knobs.decay_rule)
+    optimizer = AdamW(groups, lr=opt.lr, betas=opt.betas, eps=knobs.eps, bias_correction=knobs.bias_correction)
     micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor)
     scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
     clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
     schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift)
     return MSTraining(cfg, model, model_config, keymap, micro, optimizer, clipper, schedule, scaler, faults,
-                      knobs.decay_rule)
+                      knobs.decay_rule, lora=lora)
 
 
 # ---------- throughput ----------
@@ -173,6 +180,8 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
         out["loss_scale"] = {"init_scale": s.scale, "growth_factor": s.growth_factor,
                              "backoff_factor": s.backoff_factor, "growth_interval": s.growth_interval,
                              "on_overflow": "skip optimizer and scheduler step, back off the scale"}
+    if training.lora is not None:
+        out["lora"] = training.lora.record(training.model)
     if peak is not None:
         out["throughput"] = peak
     return out

@@ -7,6 +7,9 @@ folder that holds metrics.jsonl):
         model.ckpt          the parameters (fp32 masters), MindSpore .ckpt, the
                             bundled model's names: `migrate export` and
                             `load_model` read the folder as a converted model
+        adapter.ckpt, lora.json   instead of model.ckpt in a LoRA run: the adapters
+                            (MindSpore names) and their spec, targets and base
+                            (`migrate.train.lora_run`; `migrate lora export` reads them)
         model.yaml          the model config (compute_dtype float32)
         tokenizer*, ...     sidecar files copied from the source model folder
         optimizer.ckpt      AdamW moments: adam_m.<param>, adam_v.<param> (fp32)
@@ -45,8 +48,8 @@ from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_ch
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
 from migrate.sidecar import copy_sidecars
-from migrate.train.ckpt_files import (METRICS_FILE, MODEL_CONFIG, MODEL_FILE, OPTIMIZER_FILE, RNG_FILE,
-                                      load_ckpt_file, save_tensors_atomically)
+from migrate.train.ckpt_files import (ADAPTER_FILE, LORA_FILE, METRICS_FILE, MODEL_CONFIG, MODEL_FILE,
+                                      OPTIMIZER_FILE, RNG_FILE, load_ckpt_file, save_tensors_atomically)
 from migrate.train.dist_ckpt import (LAYOUT_FILE, SHARD_PREFIX, is_sharded, layout_without_files,
                                      merged_optimizer_state, read_layout)
 
@@ -97,7 +100,7 @@ def shard_staging_dir(run_dir: str | Path, step: int) -> Path:
 def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, optimizer, state: dict,
                     metrics_text: str, sidecar_src: Path | None = None, keep: int | None = None,
                     parallel_layout: dict | None = None, shard_staging: Path | None = None,
-                    param_names: dict[str, str] | None = None) -> Path:
+                    param_names: dict[str, str] | None = None, adapters=None, lora_record: dict | None = None) -> Path:
     """Write RUN/checkpoints/checkpoint-<step> atomically, point `latest` at it, prune to `keep`.
 
     parallel_layout: the run's `dist_ckpt.layout_record` (several processes);
@@ -107,11 +110,16 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, model_config, opti
     writing optimizer.ckpt.
     param_names: model parameter name -> name written in model.ckpt (a converted
     folder's renaming target, e.g. mcore); optimizer moments keep the model's names.
+    adapters, lora_record: a LoRA run writes its adapter Parameters to adapter.ckpt and
+    lora_record to lora.json instead of the whole model (the frozen base is the run's ms_model).
     """
     folder = Path(run_dir) / FOLDER
     final = folder / f"{PREFIX}{step}"
     with atomic_output_dir(final, overwrite=True) as tmp:
-        if param_names:
+        if adapters is not None:
+            ms.save_checkpoint([{"name": p.name, "data": p} for p in adapters], str(tmp / ADAPTER_FILE))
+            (tmp / LORA_FILE).write_text(json.dumps(lora_record, indent=1) + "\n")
+        elif param_names:
             ms.save_checkpoint([{"name": param_names.get(p.name, p.name), "data": p} for p in model.get_parameters()],
                                str(tmp / MODEL_FILE))
         else:
@@ -182,7 +190,13 @@ class Checkpoint:
         return int(self.state["step"])
 
     def parameters(self) -> dict:
-        return load_ckpt_file(self.path / MODEL_FILE)
+        """The saved parameters: the whole model, or a LoRA run's adapters."""
+        return load_ckpt_file(self.path / (ADAPTER_FILE if self.lora is not None else MODEL_FILE))
+
+    @property
+    def lora(self) -> dict | None:
+        """lora.json of a LoRA run's checkpoint (spec, targets, base), None for full training."""
+        return _read_json(self.path, LORA_FILE) if (self.path / LORA_FILE).is_file() else None
 
     @property
     def parallel_layout(self) -> dict | None:
@@ -224,7 +238,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
     sharded = is_sharded(read_layout(folder))
-    for name in (MODEL_FILE, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
+    weights = ADAPTER_FILE if (folder / LORA_FILE).is_file() else MODEL_FILE
+    for name in (weights, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
         if not (folder / name).is_file():
             raise MigrateError(f"checkpoint {folder} has no {name}")
     state["rng"] = _read_json(folder, RNG_FILE)

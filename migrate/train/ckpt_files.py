@@ -12,6 +12,7 @@ import mindspore as ms
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.lora.record import ADAPTER_FILE, LORA_FILE  # noqa: F401  a LoRA run's files, in place of model.ckpt
 
 MODEL_FILE = "model.ckpt"
 MODEL_CONFIG = "model.yaml"

@@ -23,6 +23,7 @@ import yaml
 
 from migrate.errors import MigrateError
 from migrate.dtype_names import SPELLINGS
+from migrate.lora.spec import LoraSpec
 from migrate.train.decay import NO_DECAY_RULES
 
 # Our schedule names, plus the HF names that mean the same thing.
@@ -175,6 +176,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     out_dir: OutDirs = field(default_factory=OutDirs)
+    lora: LoraSpec | None = None       # LoRA instead of full training (migrate.lora.spec)
     source: Path | None = field(default=None, compare=False)  # the YAML file, when loaded from one
 
     # ---------- loading ----------
@@ -231,6 +233,10 @@ class RunConfig:
         _require(not self.eval_interval or self.eval_data is not None, "eval_data", "eval_interval needs eval_data")
         for name in ("optimizer", "schedule", "loss_scale", "out_dir"):
             getattr(self, name)._validate(name + ".")
+        if self.lora is not None:
+            for key, msg in self.lora.problems():
+                raise _Bad("lora." + key, msg)
+            self.lora = self.lora.normalised()
         warmup = self.schedule.num_warmup_steps(self.total_steps)
         _require(warmup <= self.total_steps, "schedule.warmup_steps",
                  f"{warmup} warmup steps exceed total_steps {self.total_steps}")
@@ -303,6 +309,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return _coerce(value, next(a for a in args if a is not type(None)), key)
     if value is None:
         raise _Bad(key, "must not be empty")
+    if hint is Any:  # a field that checks its own values (lora.target_modules: a list or all-linear)
+        return value
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, key + ".")
     if hint is bool:

@@ -32,6 +32,7 @@ from typing import Any
 from migrate.conversion_plan import ConversionPlan
 from migrate.train.building import build_training
 from migrate.train.config import RunConfig
+from migrate.train.lora_run import peft_parameter_name
 
 LR_REL = 1e-12
 
@@ -136,6 +137,8 @@ def golden_knobs(cfg: RunConfig) -> dict:
     if scaler is not None:
         knobs["loss_scale"] = (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
                                scaler.get_growth_interval())
+    if cfg.lora is not None:
+        knobs["lora"] = golden.lora_facts(model, fingerprint=False)
     return knobs
 
 
@@ -165,14 +168,17 @@ def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
     if training.scaler is not None:
         s = training.scaler
         knobs["loss_scale"] = (s.scale, s.growth_factor, s.backoff_factor, s.growth_interval)
+    if training.lora is not None:
+        knobs["lora"] = training.lora.record(training.model)
     return knobs, training
 
 
-def _to_ms_names(hf_names: set[str], plan: ConversionPlan) -> dict[str, str]:
+def _to_ms_names(hf_names: set[str], plan: ConversionPlan, adapters: dict[str, str] | None = None) -> dict[str, str]:
     """MindSpore name -> the HF names it is made of, for the MindSpore parameters whose
     HF sources all lie in `hf_names` (a fused parameter needs every one of them); HF
-    names no MindSpore parameter covers map from an `<unpaired ...>` marker."""
-    sources = plan.sources
+    names no MindSpore parameter covers map from an `<unpaired ...>` marker. `adapters`:
+    PEFT's name -> MindSpore's, for a LoRA run's adapters."""
+    sources = {**plan.sources, **{ms: (peft,) for peft, ms in (adapters or {}).items()}}
     out = {ms: ", ".join(hf) for ms, hf in sources.items() if all(n in hf_names for n in hf)}
     # A tied HF head has no MindSpore parameter of its own: the embedding carries it.
     covered = {n for hf in sources.values() for n in hf} | {pair.src for pair in plan.tied}
@@ -180,8 +186,9 @@ def _to_ms_names(hf_names: set[str], plan: ConversionPlan) -> dict[str, str]:
     return out
 
 
-def _set_row(knob: str, golden_hf: set[str], ms_names: set[str], plan: ConversionPlan) -> HparamRow:
-    hf_of = _to_ms_names(golden_hf, plan)
+def _set_row(knob: str, golden_hf: set[str], ms_names: set[str], plan: ConversionPlan,
+             adapters: dict[str, str] | None = None) -> HparamRow:
+    hf_of = _to_ms_names(golden_hf, plan, adapters)
     golden_ms = set(hf_of)
     only_ms, only_golden = sorted(ms_names - golden_ms), sorted(golden_ms - ms_names)
     detail = []
@@ -223,8 +230,9 @@ def hparams_report(cfg: RunConfig, faults=()) -> HparamsReport:
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], g[knob] == m[knob]))
     pairing = ConversionPlan(training.keymap, training.model_config)  # MindSpore name <- HF names
-    rows.append(_set_row("decayed_parameters", g["decayed"], m["decayed"], pairing))
-    rows.append(_set_row("not_decayed_parameters", g["not_decayed"], m["not_decayed"], pairing))
+    adapters = lora_names(training.lora)
+    rows.append(_set_row("decayed_parameters", g["decayed"], m["decayed"], pairing, adapters))
+    rows.append(_set_row("not_decayed_parameters", g["not_decayed"], m["not_decayed"], pairing, adapters))
     rows.append(HparamRow("clip_max_norm", g["clip_max_norm"], m["clip_max_norm"],
                           g["clip_max_norm"] == m["clip_max_norm"]))
     rows.append(HparamRow("clip_eps", g["clip_eps"], m["clip_eps"], math.isclose(g["clip_eps"], m["clip_eps"],
@@ -241,7 +249,29 @@ def hparams_report(cfg: RunConfig, faults=()) -> HparamsReport:
     for knob in ("schedule", "num_warmup_steps", "num_training_steps"):
         rows.append(HparamRow(knob, g[knob], m[knob], g[knob] == m[knob]))
     rows.append(_lr_row(g["lr"], m["lr"]))
+    if "lora" in g or "lora" in m:
+        rows += _lora_rows(g.get("lora") or {}, m.get("lora") or {})
     return HparamsReport(rows)
+
+
+def lora_names(run) -> dict[str, str]:
+    """PEFT's live name -> MindSpore's, for every adapter of a LoRA run (empty for full training)."""
+    if run is None:
+        return {}
+    return {peft_parameter_name(s.hf_module, which): name
+            for s in run.sites for which, name in zip("AB", s.ms_names)}
+
+
+def _lora_rows(g: dict, m: dict) -> list[HparamRow]:
+    """One row per adapter knob (the trainable set is in the decay rows, by name)."""
+    rows = []
+    for key in ("rank", "alpha", "scaling", "dropout", "use_rslora", "use_dora", "trainable_numel"):
+        rows.append(HparamRow(f"lora.{key}", g.get(key), m.get(key), g.get(key) == m.get(key)))
+    gt, mt = g.get("target_modules") or [], m.get("target_modules") or []
+    only = sorted(set(gt) ^ set(mt))
+    rows.append(HparamRow("lora.target_modules", f"{len(gt)} modules", f"{len(mt)} modules", not only,
+                          f"on one side only: {', '.join(only[:4])}" if only else "HF module names"))
+    return rows
 
 
 def format_report(report: HparamsReport) -> str:

@@ -114,6 +114,20 @@ def _recompute(data: dict) -> Any:
     return _ABSENT
 
 
+def _lora(data: dict) -> Any:
+    """A LoRA run's adapter knobs, read from its live adapters (None: a side's file of full training)."""
+    lora = data.get("lora")
+    if lora is None:
+        return None if data.get("side") in ("golden", "mindspore") else _ABSENT
+    return {k: v for k, v in lora.items() if k != "base_sha256"} if isinstance(lora, dict) else _ABSENT
+
+
+def _lora_base(data: dict) -> Any:
+    """The fingerprint of the base weights a LoRA run's adapters add to (None: full training)."""
+    lora = _lora(data)
+    return data["lora"].get("base_sha256", _ABSENT) if isinstance(lora, dict) else lora
+
+
 def _path(*path: str, dtype: bool = False) -> Callable[[dict], Any]:
     def read(data: dict) -> Any:
         value = _get(data, *path)
@@ -149,6 +163,8 @@ KNOBS: dict[str, tuple[Callable[[dict], Any], str]] = {
     "live.linear_compute_dtypes": (_path("live_shared", "linear_compute_dtypes", dtype=True),
                                    "dtype each layer's linear layers compute in, live"),
     "live.recompute_layers": (_path("live_shared", "recompute_layers"), "layers that recompute, live"),
+    "lora": (_lora, "LoRA: rank, alpha, scaling, dropout, rsLoRA, adapted modules, trainable set (null: full)"),
+    "lora.base": (_lora_base, "sha256 of the base weights the adapters add to"),
 }
 _LOSS_SCALE_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 
@@ -236,6 +252,9 @@ def _row(knob: str, g: Any, m: Any) -> KnobRow:
         g, m = {k: g[k] for k in shared}, {k: m[k] for k in shared}
     if knob == "decayed_parameters":
         return KnobRow(knob, g, m, _equal(g, m), "elements")
+    if knob == "lora" and isinstance(g, dict) and isinstance(m, dict):
+        keys = sorted(k for k in set(g) | set(m) if not _equal(g.get(k), m.get(k)))
+        return KnobRow(knob, g, m, not keys, f"differs in {', '.join(keys)}" if keys else "")
     return KnobRow(knob, g, m, _equal(g, m))
 
 

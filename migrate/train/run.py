@@ -38,6 +38,9 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     cfg = RunConfig.load(config)
     layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
     errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)
+    if cfg.lora is not None and (layout.mp > 1 or layout.pp > 1):
+        errors.append("a LoRA run trains with data parallelism only (--dp): --mp/--pp shard the kernels the "
+                      "adapters wrap")
     if errors:
         raise MigrateError("\n".join(errors))  # one line per broken rule
     out_dir = Path(out) if out is not None else cfg.out_dir.ms

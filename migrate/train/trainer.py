@@ -89,6 +89,7 @@ from migrate.train.ckpt_files import RNG_FILE
 from migrate.train.config import RunConfig
 from migrate.train.dist_ckpt import layout_record, slice_table, write_optimizer_shard
 from migrate.train.faults import check_faults
+from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.steps import PreShiftedLMLoss
@@ -168,6 +169,10 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
         model_name = {saved: own for own, saved in checkpoint_names(training).items()}
         params = {model_name.get(name, name): value for name, value in checkpoint.parameters().items()}
         not_loaded, unused = ms.load_param_into_net(model, params, strict_load=True)
+        if training.lora is not None:  # the frozen base comes from ms_model, the checkpoint holds the adapters
+            check_checkpoint_base(checkpoint.lora or {}, training.lora, checkpoint.path)
+            adapters = {p.name for p in training.lora.parameters(model)}
+            not_loaded = [name for name in not_loaded if name in adapters]
         if not_loaded or unused:
             raise MigrateError(f"checkpoint {checkpoint.path} does not fit the model: "
                                f"{len(not_loaded)} parameters not loaded, {len(unused)} entries unused")
@@ -291,7 +296,16 @@ def _save(out: Path, step: int, training: MSTraining, state: dict, metrics_lines
         save_checkpoint(out, step, model=training.model, model_config=training.model_config,
                         optimizer=training.optimizer, state=state, metrics_text="".join(metrics_lines),
                         sidecar_src=cfg.ms_model, keep=cfg.keep_checkpoints, parallel_layout=layout_file,
-                        shard_staging=staging, param_names=checkpoint_names(training))
+                        shard_staging=staging, param_names=checkpoint_names(training),
+                        **_lora_content(training, cfg))
+
+
+def _lora_content(training: MSTraining, cfg: RunConfig) -> dict:
+    """A LoRA run checkpoints its adapters and lora.json, not the frozen base."""
+    if training.lora is None:
+        return {}
+    return {"adapters": training.lora.parameters(training.model),
+            "lora_record": training.lora.checkpoint_record(cfg.ms_model)}
 
 
 def _check_vocab(cfg: RunConfig) -> None:

@@ -1,0 +1,156 @@
+"""PEFT's adapter folder, written and read without torch or PEFT.
+
+    adapter_config.json          LoraConfig.to_dict() keys (peft_type LORA, r, lora_alpha, ...)
+    adapter_model.safetensors    base_model.model.<module>.lora_A.weight (rank, in) / lora_B.weight (out, rank)
+
+`PeftModel.from_pretrained(hf_model, folder)` loads what `write_peft_adapter` writes. The
+safetensors metadata also carries `migrate.base_sha256`, the fingerprint of the base weights
+the adapter was trained on (`migrate.lora.targets.base_fingerprint`); PEFT ignores it, migrate
+refuses to put the adapter on another base. `read_peft_adapter` reads a folder PEFT wrote (or
+we did) as untrusted input: the checked safetensors reader, every field of the config typed,
+and anything this LoRA cannot express (DoRA, per-module ranks, bias training, modules_to_save,
+Conv1D's fan_in_fan_out) refused in one line.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from migrate.checkpoints.safetensors_file import SafetensorsFile
+from migrate.errors import MigrateError
+from migrate.lora.spec import ALL_LINEAR, LoraSpec
+from migrate.lora.targets import PEFT_PREFIX
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+BASE_KEY = "migrate.base_sha256"
+PEFT_VERSION = "0.21.2"  # the PEFT these files are checked against (requirements.lock)
+
+
+@dataclass
+class PeftAdapter:
+    spec: LoraSpec
+    weights: dict[str, tuple[np.ndarray, np.ndarray]]   # HF module -> (A, B)
+    base_sha256: str | None
+    base_name: str | None
+
+
+def peft_config(spec: LoraSpec, modules: list[str], base_name: str | None) -> dict:
+    """adapter_config.json: PEFT's LoraConfig fields (those PEFT 0.21 writes that matter here)."""
+    targets = sorted(modules) if spec.all_linear else sorted(set(spec.target_list))
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "peft_version": PEFT_VERSION,
+            "base_model_name_or_path": base_name, "revision": None, "inference_mode": True,
+            "r": spec.rank, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout, "target_modules": targets,
+            "use_rslora": spec.use_rslora, "use_dora": False, "bias": "none", "fan_in_fan_out": False,
+            "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
+            "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}, "exclude_modules": None,
+            "lora_bias": False}
+
+
+def write_peft_adapter(folder: Path, spec: LoraSpec, weights: dict[str, tuple[np.ndarray, np.ndarray]],
+                       base_sha256: str | None, base_name: str | None) -> None:
+    """Both files into `folder` (an atomic output's temporary folder)."""
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for module, (a, b) in weights.items():
+        tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(a, np.float32)
+        tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(b, np.float32)
+    metadata = {"format": "pt", **({BASE_KEY: base_sha256} if base_sha256 else {})}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
+    config = peft_config(spec, list(weights), base_name)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def is_peft_adapter(folder: str | Path) -> bool:
+    return (Path(folder) / CONFIG_FILE).is_file()
+
+
+def _field(config: dict, key: str, kinds: tuple, where: Path, default):
+    value = config.get(key, default)
+    if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+        raise MigrateError(f"{where}: {key} must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
+    return value
+
+
+def read_peft_adapter(folder: str | Path) -> PeftAdapter:
+    folder = Path(folder)
+    where = folder / CONFIG_FILE
+    if not where.is_file():
+        raise MigrateError(f"{folder} is not a PEFT adapter folder: no {CONFIG_FILE}")
+    try:
+        config = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MigrateError(f"{where}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise MigrateError(f"{where}: expected a JSON object")
+    if config.get("peft_type") != "LORA":
+        raise MigrateError(f"{where}: peft_type {config.get('peft_type')!r} is not LORA")
+    refusals = [("use_dora", True, "DoRA"), ("fan_in_fan_out", True, "fan_in_fan_out (Conv1D layers)"),
+                ("lora_bias", True, "lora_bias")]
+    for key, bad, what in refusals:
+        if config.get(key) == bad:
+            raise MigrateError(f"{where}: {what} is not supported")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            raise MigrateError(f"{where}: {key} (per-module ranks or alphas) is not supported")
+    if config.get("bias", "none") != "none":
+        raise MigrateError(f"{where}: bias {config.get('bias')!r} (trained biases) is not supported; only 'none'")
+    if config.get("modules_to_save"):
+        raise MigrateError(f"{where}: modules_to_save (fully trained modules) is not supported")
+    rank = _field(config, "r", (int,), where, 8)
+    alpha = _field(config, "lora_alpha", (int, float), where, 8)
+    dropout = _field(config, "lora_dropout", (int, float), where, 0.0)
+    rslora = _field(config, "use_rslora", (bool,), where, False)
+    weights_file = folder / WEIGHTS_FILE
+    if not weights_file.is_file():
+        found = "adapter_model.bin (pickle) is not read; save it with safe_serialization" \
+            if (folder / "adapter_model.bin").is_file() else "it is missing"
+        raise MigrateError(f"{folder}: no {WEIGHTS_FILE} ({found})")
+    with SafetensorsFile(weights_file) as handle:
+        arrays = {name: handle.read(name) for name in handle.entries}
+        base = handle.metadata.get(BASE_KEY)
+    weights = _pairs(arrays, weights_file, rank)
+    modules = list(weights)
+    spec = LoraSpec(rank, float(alpha), float(dropout), sorted({m.rsplit(".", 1)[-1] for m in modules}), rslora)
+    problems = spec.problems()
+    if problems:
+        raise MigrateError(f"{where}: {problems[0][0]} {problems[0][1]}")
+    if config.get("target_modules") == ALL_LINEAR:
+        spec.target_modules = ALL_LINEAR
+    return PeftAdapter(spec, weights, base, config.get("base_model_name_or_path"))
+
+
+def _pairs(arrays: dict[str, np.ndarray], where: Path, rank: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """PEFT's tensor names -> HF module -> (A, B), each pair complete and of rank `rank`."""
+    halves: dict[str, dict[str, np.ndarray]] = {}
+    for name, array in arrays.items():
+        for which in ("A", "B"):
+            suffix = f".lora_{which}.weight"
+            if name.startswith(PEFT_PREFIX) and name.endswith(suffix):
+                halves.setdefault(name[len(PEFT_PREFIX):-len(suffix)], {})[which] = array
+                break
+        else:
+            raise MigrateError(f"{where}: tensor {name} is not a LoRA A or B weight (only those are supported)")
+    out = {}
+    for module, pair in halves.items():
+        if set(pair) != {"A", "B"}:
+            raise MigrateError(f"{where}: {module} has lora_{'A' if 'A' in pair else 'B'} but not its partner")
+        a, b = pair["A"], pair["B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise MigrateError(f"{where}: {module} lora_A {list(a.shape)} / lora_B {list(b.shape)} "
+                               f"are not of rank r = {rank}")
+        if not (np.isfinite(a.astype(np.float32)).all() and np.isfinite(b.astype(np.float32)).all()):
+            raise MigrateError(f"{where}: {module} holds NaN or Inf")
+        out[module] = (a.astype(np.float32), b.astype(np.float32))
+    if not out:
+        raise MigrateError(f"{where}: no LoRA weights")
+    return dict(sorted(out.items(), key=lambda kv: _natural(kv[0])))
+
+
+def _natural(name: str) -> list:
+    return [int(p) if p.isdigit() else p for p in name.split(".")]
+
