@@ -26,6 +26,7 @@ bench: install
 	$(PY) bench/convert.py
 	$(PY) bench/train_speed.py
 	$(PY) bench/train_dp.py
+	$(PY) bench/generate.py
 
 lint: install
 	$(VENV)/bin/ruff check migrate tests golden bench

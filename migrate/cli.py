@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_mindformers(sub)
     from migrate.cli_lora import register as register_lora
     register_lora(sub)
+    from migrate.cli_infer import register as register_infer
+    register_infer(sub)  # generate; export --format mindir
     return parser
 
 

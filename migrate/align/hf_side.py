@@ -108,15 +108,13 @@ class HFSide:
         return {n: _as_numpy(m) for n, m in zip(names, masters)}
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
-        """Greedy decoding without a cache: the full sequence each step, like the other side."""
+        """HF `generate`, greedy with its KV cache and no stop token, like the other side."""
         ids = torch.from_numpy(prompt[None, :].copy())
-        out = []
         with torch.no_grad():
-            for _ in range(steps):
-                token = int(self.model(input_ids=ids).logits[0, -1].float().argmax())
-                out.append(token)
-                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-        return out
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                                      min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=None,
+                                      pad_token_id=0, repetition_penalty=1.0)
+        return out[0, ids.shape[1]:].tolist()
 
 
 def _model_class(hf_dir: Path):

@@ -8,6 +8,10 @@ import mindspore as ms
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.infer.batch import make_batch
+from migrate.infer.generate import generate
+from migrate.infer.runners import CachedRunner
+from migrate.infer.sampling import Sampling
 from migrate.models.loading import load_model
 from migrate.dtype_names import PRECISIONS
 
@@ -85,11 +89,7 @@ class MSSide:
         return {m.name: _as_numpy(m) for m in masters}
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
-        ids = prompt[None, :].astype(np.int32)
-        out = []
-        for _ in range(steps):
-            logits = self.model(ms.Tensor(ids))[0]
-            token = int(_as_numpy(logits[0, -1]).argmax())
-            out.append(token)
-            ids = np.concatenate([ids, np.array([[token]], np.int32)], axis=1)
-        return out
+        """Greedy decoding through the model's KV cache (`migrate.infer`), no stop token."""
+        batch = make_batch([prompt.tolist()], 0, self.config.vocab_size)
+        runner = CachedRunner(self.model, 1, batch.prompt_len, batch.prompt_len + steps)
+        return generate(runner, batch, steps, Sampling()).tokens[0].tolist()

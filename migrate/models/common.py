@@ -171,6 +171,21 @@ def causal_mask(batch: int, seq_len: int, attention_mask, fill_value: float, dty
     return ((1.0 - keep.astype(F32)) * fill_value).astype(dtype)
 
 
+def cache_mask(batch: int, start, seq_len: int, key_mask, fill_value: float, dtype, window=None):
+    """`causal_mask` for `seq_len` queries written at cache slots start.. over every slot of a
+    static KV cache, (b, 1, s, cache length): a key is kept at or before its query's slot
+    (within `window` slots, as HF's sliding_window_overlay counts them) and where `key_mask`
+    (b, cache length) is 1 (0: a left-pad slot)."""
+    slots = ops.arange(0, key_mask.shape[1], dtype=ms.int32)
+    query = ops.arange(0, seq_len, dtype=ms.int32) + start
+    keep = slots.expand_dims(0) <= query.expand_dims(1)  # [q, slot]
+    if window is not None:
+        keep = mint.logical_and(keep, slots.expand_dims(0) > query.expand_dims(1) - window)
+    keep = mint.logical_and(keep.expand_dims(0).expand_dims(0),
+                            key_mask.astype(ms.bool_).reshape(batch, 1, 1, key_mask.shape[1]))
+    return ((1.0 - keep.astype(F32)) * fill_value).astype(dtype)
+
+
 def padding_mask(batch: int, seq_len: int, attention_mask, min_value: float, dtype):
     """HF eager's bidirectional additive mask, (b, 1, 1, s): padded keys get dtype min."""
     keep = attention_mask.astype(F32).reshape(batch, 1, 1, seq_len)
@@ -189,6 +204,10 @@ class CausalMask(ModelCell):
 
     def construct(self, batch, seq_len, attention_mask=None, window=None):
         return causal_mask(batch, seq_len, attention_mask, self.fill_value, self.act, window)
+
+    def over_cache(self, batch, start, seq_len, key_mask, window=None):
+        """The mask of `seq_len` queries at cache slots start.. over a whole static KV cache."""
+        return cache_mask(batch, start, seq_len, key_mask, self.fill_value, self.act, window)
 
 
 # ---------------------------------------------------------------- losses
@@ -267,18 +286,29 @@ class CausalLM(ModelCell):
     def word_embedding(self) -> Embedding:
         raise NotImplementedError
 
-    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False):
+    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False, cache=None):
+        """(logits, loss, hidden); with `cache` (a KV-cache step, `migrate.models.kv_cache`) the
+        logits of the last position only (HF's logits_to_keep=1) and the updated cache: (logits, cache)."""
         table = None
         if self.tie_word_embeddings:
             # One cast shared by lookup and head: in GRAPH_MODE two casts of a bf16
             # parameter need a bf16 TensorMove, which CPU lacks.
             table = self.word_embedding().table()
-        h, hidden = getattr(self, self.DECODER)(input_ids, attention_mask, output_hidden_states, table)
+        decoder = getattr(self, self.DECODER)
+        if cache is None:
+            decoded = decoder(input_ids, attention_mask, output_hidden_states, table)
+        else:
+            decoded = decoder(input_ids, attention_mask, False, table, cache)
+        h = decoded[0]
+        if cache is not None:
+            h = h[:, -1:]
         if self.tie_word_embeddings:
             logits = self.tied_head(h, table)
         else:
             logits = self.lm_head(h)
+        if cache is not None:
+            return self._hand_out(logits), decoded[2]
         loss = None
         if labels is not None:
             loss = self.loss_fn(logits, labels)
-        return self._hand_out(logits), loss, self._hidden_out(hidden, output_hidden_states)
+        return self._hand_out(logits), loss, self._hidden_out(decoded[1], output_hidden_states)

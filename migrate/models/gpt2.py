@@ -21,7 +21,9 @@ checkpoint saved from this model also loads into MindFormers:
 (embedding output, each block's output, final LayerNorm output) or "detail"
 (additionally each block's attention and MLP outputs before their residual add);
 `GPT2LMHeadModel.hidden_names(...)` names the entries. Precision handling as in
-`migrate.models.base` (fp32 exact; bf16/fp16 emulated on CPU).
+`migrate.models.base` (fp32 exact; bf16/fp16 emulated on CPU). A KV cache plugs in as in
+the Llama (`migrate.models.kv_cache`): the model's `cache` argument, `attention.kv_cache`
+between the projections and the scores, learned positions looked up at the step's positions.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from migrate.errors import MigrateError
 from migrate.models.base import F32, Build, ModelCell
 from migrate.models.common import Activation, CausalLM, CausalMask, Embedding, LayerNorm, Linear, LinearInOut
 from migrate.models.gpt2_config import GPT2Config  # noqa: F401 (re-exported: mindspore-free for convert)
+from migrate.models.kv_cache import KVCacheWrite, layer_cache
 
 
 class GPT2Embedding(ModelCell):
@@ -45,10 +48,11 @@ class GPT2Embedding(ModelCell):
                                             "embedding_table")
         self.dropout = config.embedding_dropout_prob
 
-    def construct(self, input_ids, word_table=None):
-        seq_len = input_ids.shape[1]
-        positions = ops.arange(0, seq_len, dtype=ms.int32)
-        h = self._r(self.word_embedding(input_ids, word_table) + self.position_embedding(positions).expand_dims(0))
+    def construct(self, input_ids, word_table=None, positions=None):
+        """`positions` (b, s): per-row positions (a KV-cache step); default 0 .. s - 1 for every row."""
+        if positions is None:
+            positions = ops.arange(0, input_ids.shape[1], dtype=ms.int32).expand_dims(0)
+        h = self._r(self.word_embedding(input_ids, word_table) + self.position_embedding(positions))
         return self._dropout(h, self.dropout)
 
 
@@ -71,12 +75,16 @@ class GPT2Attention(ModelCell):
         self.dense2 = Linear(h, h, True, build, prefix + ".dense2")  # k
         self.dense3 = Linear(h, h, True, build, prefix + ".dense3")  # v
         self.projection = LinearInOut(h, h, build, prefix + ".projection", std=proj_std)
+        self.kv_cache = KVCacheWrite()
 
-    def construct(self, x, mask):
+    def construct(self, x, mask, cache=None):
+        """The output; with `cache` (k_cache, v_cache, start) also the updated (k_cache, v_cache)."""
         b, s, _ = x.shape
         q = self.dense1(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
         k = self.dense2(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
         v = self.dense3(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
+        if cache is not None:
+            k, v = self.kv_cache(cache[0], cache[1], k, v, cache[2])
         if self.upcast:
             # HF _upcast_and_reordered_attn: scores, mask and softmax in fp32, one cast at the end.
             scores = mint.matmul(q.astype(F32), k.astype(F32).swapaxes(2, 3)) * self.scaling
@@ -90,7 +98,9 @@ class GPT2Attention(ModelCell):
         probs = self._dropout(probs, self.attn_dropout)
         out = self._r(mint.matmul(probs, v))
         out = self.projection(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
-        return self._dropout(out, self.resid_dropout)
+        if cache is None:
+            return self._dropout(out, self.resid_dropout)
+        return self._dropout(out, self.resid_dropout), (k, v)
 
 
 class GPT2MLP(ModelCell):
@@ -117,11 +127,16 @@ class GPT2Block(ModelCell):
         self.layernorm2 = LayerNorm(h, eps, build, prefix + ".layernorm2", ln)
         self.output = GPT2MLP(config, build, prefix + ".output", proj_std)
 
-    def construct(self, x, mask):
-        attn = self.attention(self.layernorm1(x), mask)
+    def construct(self, x, mask, cache=None):
+        """(output, attention output, MLP output); with `cache` also the updated (k_cache, v_cache)."""
+        attn = self.attention(self.layernorm1(x), mask, cache)
+        if cache is not None:
+            attn, cache = attn
         h = self._r(attn + x)
         mlp = self.output(self.layernorm2(h))
-        return self._r(h + mlp), attn, mlp
+        if cache is None:
+            return self._r(h + mlp), attn, mlp
+        return self._r(h + mlp), attn, mlp, cache
 
 
 class GPT2Model(ModelCell):
@@ -136,18 +151,32 @@ class GPT2Model(ModelCell):
                                    ("gamma", "beta"))
         self.mask = CausalMask(build)
 
-    def construct(self, input_ids, attention_mask=None, output_hidden_states=False, word_table=None):
+    def construct(self, input_ids, attention_mask=None, output_hidden_states=False, word_table=None, cache=None):
+        """(final hidden, hidden states); with `cache` (a step of `migrate.models.kv_cache`; it
+        replaces attention_mask) also the updated cache (positions, start, key_mask, keys, values)."""
         b, s = input_ids.shape
         if s > self.seq_length:
             raise ValueError(f"sequence length {s} exceeds the position table ({self.seq_length})")
-        h = self.embedding(input_ids, word_table)
-        mask = self.mask(b, s, attention_mask)
+        if cache is None:
+            h = self.embedding(input_ids, word_table)
+            mask = self.mask(b, s, attention_mask)
+        else:
+            h = self.embedding(input_ids, word_table, cache[0])
+            mask = self.mask.over_cache(b, cache[1], s, cache[2])
         hidden = (h,)
-        for block in self.blocks:
-            h, attn, mlp = block(h, mask)
+        keys = ()
+        values = ()
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                h, attn, mlp = block(h, mask)
+            else:
+                h, attn, mlp, (k, v) = block(h, mask, layer_cache(cache, i))
+                keys, values = keys + (k,), values + (v,)
             hidden = self._keep_hidden(hidden, output_hidden_states, attn, mlp, h)
         h = self.layernorm(h)
-        return h, hidden + (h,)
+        if cache is None:
+            return h, hidden + (h,)
+        return h, hidden + (h,), cache[:3] + (keys, values)
 
 
 class GPT2LMHeadModel(CausalLM):
@@ -159,6 +188,7 @@ class GPT2LMHeadModel(CausalLM):
     """
 
     config_class = GPT2Config
+    LEARNED_POSITIONS = True  # positions past seq_length have no embedding (a generation limit)
     DECODER = "backbone"
     HIDDEN = ("backbone.embedding", "backbone.blocks", ("attention", "output"), "backbone.layernorm")
 

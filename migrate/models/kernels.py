@@ -34,10 +34,16 @@ class MatMulKernel(Kernel):
     def __init__(self, transpose_b: bool = False):
         super().__init__()
         self.transpose_b = transpose_b
+        self.matmul_bt = ops.BatchMatMul(transpose_b=True)
 
     def construct(self, a, b):
         if self.transpose_b:
-            b = b.swapaxes(-2, -1)
+            # a·bᵀ without a transposed copy of b (on CPU the copy of a KV cache's keys, or of a tied
+            # head's table, cost more than the product): bᵀ as an attribute of the op, or as
+            # torch.nn.Linear's layout when b is a 2-d table.
+            if b.ndim == 2:
+                return mint.nn.functional.linear(a, b)
+            return self.matmul_bt(a, b)
         return mint.matmul(a, b)
 
 

@@ -122,6 +122,15 @@ def dynamic_ntk_inv_freq(theta: float, factor: float, dim: int, max_positions: i
     return (f32(1.0) / _pow(base, _arange_exponent(dim))).astype(np.float32)
 
 
+def dynamic_ntk_table(theta: float, factor: float, dim: int, max_positions: int, max_len: int) -> np.ndarray:
+    """(max_len, dim / 2): row n - 1 holds what HF's dynamic_rope_update uses for a call whose
+    longest position is n - 1: the base frequencies up to max_positions, then
+    `dynamic_ntk_inv_freq` of n (a KV-cache step looks its row up by position)."""
+    base = _base_inv_freq(theta, dim)
+    return np.stack([base if n <= max_positions else dynamic_ntk_inv_freq(theta, factor, dim, max_positions, n)
+                     for n in range(1, max_len + 1)])
+
+
 def rope_frequencies(head_dim: int, theta: float, rope_scaling: dict | None,
                      max_position_embeddings: int) -> RopeFrequencies:
     """The RoPE of a Llama-family config, or MigrateError naming the field the bundled

@@ -1,0 +1,174 @@
+"""Generation throughput: the bundled model with its KV cache, without it, HF `generate`, and MindIR.
+
+    python bench/generate.py [--new-tokens 256] [--batch 1 8] [--prompt-len 32] [--workdir DIR]
+
+Builds one HF Llama of 125 M parameters from a config and a seed (hidden 768, 12 layers, 12 heads
+over 4 KV heads, vocab 32000, untied, fp32), converts it, and generates --new-tokens greedy tokens
+after the same prompts (seeded ids, one length: no padding) at each batch size, side by side in
+this process:
+
+  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs)
+  no cache, GRAPH_MODE   the full forward every step over the padded cache length (one graph, as
+             MindFormers runs without `use_past`); every step computes the same shape, so it is
+             timed over --uncached-steps steps and its time per token holds for the whole run
+  no cache, PyNative     `migrate diff --generate`'s path before the cache: the full forward over
+             the growing sequence, as `migrate diff` runs it; timed over its first
+             --uncached-steps steps (its cheapest)
+  HF         transformers' `generate` with its own cache (DynamicCache, sdpa), torch on every core
+  MindIR     `migrate export --format mindir`'s two graphs through mindspore.load + nn.GraphCell
+
+Each path is warmed up first (compiles, caches), then timed: time to first token (prompt in, first
+token chosen), decode tokens/s (the steps after the first, all rows), and end-to-end tokens/s.
+Every path's tokens are checked equal to the cached path's (over the steps it ran). No asserts on
+timings.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("GLOG_v", "3")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+CONFIG = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048,
+              tie_word_embeddings=False, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+
+def build(root: Path) -> tuple[Path, Path, int]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from migrate.convert import convert
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(root / "hf")
+    convert(root / "hf", root / "ms", overwrite=True)
+    return root / "hf", root / "ms", params
+
+
+def timed(label, run, warm=True):
+    """(label, Generation): run(steps) timed after a two-step warm-up (compiles, caches, allocations)."""
+    if warm:
+        run(2)
+    return label, run(None)
+
+
+def hf_path(hf_dir, batch, steps):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from migrate.infer.generate import Generation
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, local_files_only=True).eval()
+    ids, mask = torch.from_numpy(batch.sequences), torch.from_numpy(batch.mask)
+
+    def run(n=None):
+        n = n or steps
+        with torch.no_grad():
+            start = time.perf_counter()
+            first = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)
+            ttft = time.perf_counter() - start
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)
+            total = time.perf_counter() - start
+        tokens = out[:, batch.prompt_len:].numpy()
+        assert (first[:, -1].numpy() == tokens[:, 0]).all()
+        # Decode time: the whole run less one prefill (measured alone above).
+        return Generation(tokens, out.numpy(), first_token_s=ttft, decode_s=max(total - ttft, 1e-9))
+
+    return run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--uncached-steps", type=int, default=16,
+                        help="steps the paths without a cache are timed over")
+    parser.add_argument("--workdir", help="keep the models and exports here (default: a temp folder)")
+    args = parser.parse_args(argv)
+
+    import mindspore as ms
+    import numpy as np
+    import torch
+
+    from migrate.infer.batch import make_batch
+    from migrate.infer.generate import generate
+    from migrate.infer.mindir import MindIRRunner, export_mindir
+    from migrate.infer.runners import CachedRunner, UncachedRunner
+    from migrate.infer.sampling import Sampling
+    from migrate.models.loading import load_model
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_generate_"))
+    hf_dir, ms_dir, params = build(root)
+    steps, greedy = args.new_tokens, Sampling()
+    print(f"model: Llama {params / 1e6:.0f} M parameters (hidden 768, 12 layers, GQA 12/4 heads, vocab 32000) · "
+          f"fp32 · prompt {args.prompt_len} tokens · {steps} new tokens greedy · {os.cpu_count()} CPU cores")
+    rows = []
+    for b in args.batch:
+        prompts = np.random.default_rng(b).integers(3, CONFIG["vocab_size"], (b, args.prompt_len)).tolist()
+        batch = make_batch(prompts, 0, CONFIG["vocab_size"])
+        cache_len = args.prompt_len + steps
+        results = []
+
+        ms.set_context(mode=ms.GRAPH_MODE)
+        model, _ = load_model(ms_dir)
+        cached = CachedRunner(model, b, args.prompt_len, cache_len)
+        results.append(timed("ours, KV cache (GRAPH_MODE)", lambda n: generate(cached, batch, n or steps, greedy)))
+
+        m = min(steps, args.uncached_steps)
+        full = UncachedRunner(model, b, args.prompt_len, cache_len)  # GRAPH_MODE: the padded length each step
+        results.append(timed(f"ours, no cache (GRAPH_MODE), {m} steps",
+                             lambda n: generate(full, batch, n or m, greedy)))
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        growing = UncachedRunner(model, b, args.prompt_len, cache_len)
+        results.append(timed(f"ours, no cache (PyNative), first {m} steps",
+                             lambda n: generate(growing, batch, n or m, greedy), warm=False))
+
+        results.append(timed("HF generate (its cache)", hf_path(hf_dir, batch, steps)))
+
+        out = root / f"mindir_b{b}"
+        export_mindir(ms_dir, out, batch=b, prefill_len=args.prompt_len, cache_len=cache_len, overwrite=True)
+        graphs = MindIRRunner(out)
+        results.append(timed("MindIR (GraphCell)", lambda n: generate(graphs, batch, n or steps, greedy)))
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+
+        ref = results[0][1].tokens
+        for label, gen in results:
+            same = (gen.tokens == ref[:, :gen.steps]).all()
+            total = gen.tokens.size / (gen.first_token_s + gen.decode_s)
+            rows.append((b, label, gen.first_token_s, gen.decode_tokens_per_s, total, same))
+        graph, full_gen, growing_gen, hf_gen, mindir_gen = (gen for _, gen in results)
+        per_token = lambda g: (g.first_token_s + g.decode_s) / g.tokens.size  # noqa: E731
+        rows.append((b, "ratio", {
+            "KV cache ÷ no cache, GRAPH_MODE (time per token)": per_token(full_gen) / per_token(graph),
+            "cached decode ÷ HF decode": graph.decode_tokens_per_s / hf_gen.decode_tokens_per_s,
+            "MindIR decode ÷ cached decode": mindir_gen.decode_tokens_per_s / graph.decode_tokens_per_s,
+        }))
+
+    print(f"{'batch':>5}  {'path':<44} {'first token':>12} {'decode tok/s':>13} {'end-to-end tok/s':>17}  tokens")
+    for b, label, *figures in rows:
+        if label == "ratio":
+            print(f"{b:>5}  " + " · ".join(f"{name}: {value:.2f}×" for name, value in figures[0].items()))
+            continue
+        ttft, decode, total, same = figures
+        print(f"{b:>5}  {label:<44} {ttft * 1000:>9.0f} ms {decode:>13.1f} {total:>17.1f}  "
+              f"{'= cached' if same else 'DIFFER'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""MindIR export of a converted model as two static-shape graphs, and a runner over the files alone.
+
+    migrate export --format mindir out/ms_model out/mindir --batch 1 --prefill-len 64 --cache-len 320
+    migrate generate --mindir out/mindir --prompt "..."
+
+`export_mindir` writes, atomically, `prefill.mindir` and `decode.mindir` (`mindspore.export` of
+`CachedStep` at the prefill and the one-token shapes; each holds its own copy of the weights),
+`mindir.json` (every input and output with name, dtype and shape, the static shapes, the stop
+and pad ids, the tokenizer files, and the source model's config and checkpoint sha256), the
+tokenizer files and a `manifest.json`. `MindIRRunner` runs them through `mindspore.load` +
+`nn.GraphCell`: no model code and no checkpoint, only this folder.
+
+MindSpore Lite takes the same files: its cloud-inference runtime loads a `.mindir` directly
+(`mindspore_lite.Model().build_from_file(path, ModelType.MINDIR, context)`, then `predict` with
+the inputs in the order `mindir.json` lists), and `converter_lite --fmk=MINDIR
+--modelFile=prefill.mindir --outputFile=prefill` (per graph; `--optimize=ascend_oriented` for
+Ascend) optimizes them. Not run here: no mindspore-lite wheel installs on this machine (PyPI's
+newest is 2.0.0; the 2.x wheels for MindSpore 2.10 come from mindspore.cn).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+from migrate.checkpoints.atomic import atomic_output_dir, atomic_write_text
+from migrate.checkpoints.manifest import sha256_files, verify_manifest, write_manifest
+from migrate.checkpoints.ms_reader import checkpoint_files
+from migrate.errors import MigrateError
+from migrate.infer.runners import learned_positions
+from migrate.infer.special_ids import stop_and_pad
+from migrate.models.kv_cache import CachedStep, cache_shape
+from migrate.models.loading import load_model
+from migrate.sidecar import copy_sidecars
+
+FORMAT, VERSION = "migrate-mindir", 1
+SPEC_FILE = "mindir.json"
+GRAPHS = ("prefill", "decode")
+_NP = {"int32": np.int32, "float32": np.float32, "float16": np.float16}
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).lower()  # ms.float32 -> "float32", ms.bfloat16 -> "bfloat16"
+
+
+def cache_names(num_layers: int) -> list[str]:
+    """The cache inputs (and outputs) in call order: k_cache.0, v_cache.0, k_cache.1, ..."""
+    return [f"{kind}_cache.{i}" for i in range(num_layers) for kind in ("k", "v")]
+
+
+def graph_specs(config, batch: int, prefill_len: int, cache_len: int, cache_dtype: str) -> dict:
+    """Inputs and outputs of both graphs: name, dtype, shape, in call order."""
+    kv = list(cache_shape(config, batch, cache_len))
+    caches = [{"name": name, "dtype": cache_dtype, "shape": kv} for name in cache_names(config.num_layers)]
+    out = {}
+    for graph, s in (("prefill", prefill_len), ("decode", 1)):
+        out[graph] = {
+            "file": f"{graph}.mindir",
+            "inputs": [
+                {"name": "input_ids", "dtype": "int32", "shape": [batch, s]},
+                {"name": "positions", "dtype": "int32", "shape": [batch, s]},
+                {"name": "start", "dtype": "int32", "shape": []},
+                {"name": "key_mask", "dtype": "int32", "shape": [batch, cache_len]},
+                *caches,
+            ],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": [batch, config.vocab_size]}, *caches],
+        }
+    return out
+
+
+def weights_digest(ms_dir: Path) -> dict[str, str]:
+    """sha256 of each checkpoint file of a converted folder (what says which model a MindIR came from)."""
+    _, files = checkpoint_files(ms_dir)
+    digests = sha256_files(ms_dir, [f.relative_to(ms_dir).as_posix() for f in files])
+    return dict(sorted(digests.items()))
+
+
+def export_mindir(ms_dir, out, *, batch: int, prefill_len: int, cache_len: int, compute_dtype: str | None = None,
+                  overwrite: bool = False) -> dict:
+    """Export `ms_dir`'s model as prefill and decode MindIR graphs into `out`; returns mindir.json's record."""
+    ms_dir = Path(ms_dir)
+    if not ms_dir.is_dir():
+        raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
+    for name, value in (("--batch", batch), ("--prefill-len", prefill_len), ("--cache-len", cache_len)):
+        if value < 1:
+            raise MigrateError(f"{name} must be positive, got {value}")
+    if prefill_len >= cache_len:
+        raise MigrateError(f"--prefill-len ({prefill_len}) must be shorter than --cache-len ({cache_len})")
+    ms.set_context(mode=ms.GRAPH_MODE)  # mindspore.export compiles the graph
+    model, config = load_model(ms_dir, compute_dtype=compute_dtype)
+    limit = learned_positions(model)
+    if limit is not None and cache_len > limit:
+        raise MigrateError(f"--cache-len ({cache_len}) exceeds the model's {limit} learned positions")
+    step = CachedStep(model, cache_len)
+    step.set_train(False)
+    act = model.precision.act
+    cache_dtype = _dtype_name(act)
+    specs = graph_specs(config, batch, prefill_len, cache_len, cache_dtype)
+    eos, pad = stop_and_pad(ms_dir, config)
+    with atomic_output_dir(out, overwrite, command="export", source=ms_dir) as tmp:
+        for graph in GRAPHS:
+            inputs = [ms.Tensor(np.zeros(s["shape"], _NP[s["dtype"]])) if s["dtype"] in _NP
+                      else ms.ops.zeros(tuple(s["shape"]), act) for s in specs[graph]["inputs"]]
+            ms.export(step, *inputs, file_name=str(tmp / graph), file_format="MINDIR")
+            _usual_mode(tmp / f"{graph}.mindir")  # mindspore.export writes them read-only (0o400)
+        record = {
+            "format": FORMAT, "version": VERSION,
+            "batch": batch, "prefill_len": prefill_len, "cache_len": cache_len,
+            "vocab_size": config.vocab_size, "max_positions": limit,
+            "stop_ids": eos, "pad_id": pad,
+            "graphs": specs,
+            "tokenizer": copy_sidecars(ms_dir, tmp) or None,
+            "source": {"folder": str(ms_dir), "model_class": config.to_dict().get("model_class"),
+                       "config": config.to_dict(), "weights_sha256": weights_digest(ms_dir)},
+        }
+        atomic_write_text(tmp / SPEC_FILE, json.dumps(record, indent=1, default=str) + "\n")
+        write_manifest(tmp)
+    return record
+
+
+def _usual_mode(path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def read_spec(folder) -> dict:
+    """mindir.json of an export folder, its files checked against the manifest (one line, exit 2, otherwise)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise MigrateError(f"MindIR folder not found: {folder}")
+    path = folder / SPEC_FILE
+    if not path.is_file():
+        raise MigrateError(f"{folder} is not a MindIR export of migrate (no {SPEC_FILE})")
+    try:
+        spec = json.loads(path.read_text())
+    except ValueError as exc:
+        raise MigrateError(f"{path} is not JSON: {exc}") from None
+    needed = ("batch", "prefill_len", "cache_len", "vocab_size", "stop_ids", "pad_id", "graphs", "source")
+    if not isinstance(spec, dict) or spec.get("format") != FORMAT or any(k not in spec for k in needed):
+        raise MigrateError(f"{path} is not a {FORMAT} description")
+    if spec.get("version") != VERSION:
+        raise MigrateError(f"{path} is version {spec.get('version')!r}; this migrate reads version {VERSION}")
+    verify_manifest(folder)  # a missing, changed or extra file is named here
+    return spec
+
+
+def check_same_model(spec: dict, ms_dir, folder) -> None:
+    """Refuse a MindIR folder exported from another model than the converted folder `ms_dir`."""
+    source = spec["source"]
+    ours = weights_digest(Path(ms_dir))
+    if ours != source.get("weights_sha256"):
+        raise MigrateError(f"{folder} was exported from another model ({source.get('folder')}): its checkpoint "
+                           f"sha256 differs from {ms_dir}'s")
+
+
+class MindIRRunner:
+    """The two exported graphs as a step runner (`migrate.infer.generate`), from the files alone."""
+
+    def __init__(self, folder, spec: dict | None = None):
+        self.folder = Path(folder)
+        self.spec = spec or read_spec(self.folder)
+        self.batch, self.prefill_len = self.spec["batch"], self.spec["prefill_len"]
+        self.cache_len, self.max_positions = self.spec["cache_len"], self.spec.get("max_positions")
+        ms.set_context(mode=ms.GRAPH_MODE)  # a GraphCell runs in GRAPH_MODE only
+        self.cells = {}
+        for graph in GRAPHS:
+            file = self.folder / self.spec["graphs"][graph]["file"]
+            try:
+                self.cells[graph] = nn.GraphCell(ms.load(str(file)))
+            except Exception as exc:  # a damaged or foreign file mindspore cannot parse
+                raise MigrateError(f"mindspore cannot load {file}: {str(exc).strip().splitlines()[0]}") from None
+        caches = self.spec["graphs"]["prefill"]["inputs"][4:]
+        if not caches or any(c.get("dtype") not in ("float32", "float16", "bfloat16") for c in caches):
+            raise MigrateError(f"{self.folder / SPEC_FILE} lists no cache inputs of a float dtype")
+        self.cache_specs = [(tuple(c["shape"]), getattr(ms, c["dtype"])) for c in caches]
+        self.caches = ()
+        self._key_mask = None
+
+    def _run(self, graph, ids, positions, start, caches) -> np.ndarray:
+        logits, *caches = self.cells[graph](ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(start, ms.int32),
+                                            self._key_mask, *caches)
+        self.caches = tuple(caches)
+        return logits.asnumpy()
+
+    def prefill(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        self._key_mask = ms.Tensor(inputs["key_mask"])
+        zeros = tuple(ms.ops.zeros(shape, dtype) for shape, dtype in self.cache_specs)
+        return self._run("prefill", inputs["input_ids"], inputs["positions"], 0, zeros)
+
+    def decode(self, tokens, positions, start: int, key_mask) -> np.ndarray:
+        return self._run("decode", tokens, positions, start, self.caches)

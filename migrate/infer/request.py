@@ -1,0 +1,153 @@
+"""`migrate generate` as a library call: a converted folder or a MindIR export, prompts in,
+tokens and text out, optionally judged against HF `generate`.
+
+MindSpore-free at import: the runner the request needs (the live model, the MindIR graphs) and
+the HF side (torch) are imported when used, so bad input is refused before either loads.
+
+    outcome = generate_text(Source(ms_dir="out/ms"), texts=["Hello"], options=Options(max_new_tokens=32))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from migrate.dtype_names import PRECISIONS, canonical_dtype
+from migrate.errors import MigrateError
+from migrate.infer.batch import Batch, make_batch
+from migrate.infer.generate import Generation, check_lengths, generate
+from migrate.infer.sampling import Sampling
+from migrate.infer.special_ids import stop_and_pad
+from migrate.infer.text import TextStream, decode, encode_prompts, load_tokenizer
+from migrate.models.registry import load_model_config
+
+
+@dataclass
+class Source:
+    ms_dir: str | Path | None = None     # a converted (or trained) MindSpore folder
+    mindir: str | Path | None = None     # a `migrate export --format mindir` folder
+
+
+@dataclass
+class Options:
+    max_new_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
+    stop_tokens: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    cache: bool = True                   # False: the full forward every step
+    mode: str = "graph"                  # graph | pynative (the live model)
+    dtype: str | None = None             # fp32 | bf16 | fp16; None: model.yaml's
+    cache_len: int | None = None         # default: longest prompt + max_new_tokens
+    compare_hf: str | Path | None = None
+
+
+@dataclass
+class Outcome:
+    generation: Generation
+    texts: list[str]
+    path: str                            # what ran: "KV cache, GRAPH_MODE", "MindIR", ...
+    comparison: object | None = None     # compare_hf.HFComparison
+
+
+def generate_text(source: Source, *, texts=(), ids=(), options: Options,
+                  write: Callable[[str], None] | None = None) -> Outcome:
+    """Generate for every prompt (one batch, left-padded); `write` streams a single prompt's text."""
+    if source.ms_dir is None and source.mindir is None:
+        raise MigrateError("generate needs a converted folder MS_DIR or --mindir DIR")
+    if options.compare_hf is not None and not Path(options.compare_hf).is_dir():
+        raise MigrateError(f"HF model folder not found: {options.compare_hf}")
+    spec = None
+    if source.mindir is not None:
+        from migrate.infer.mindir import check_same_model, read_spec
+
+        spec = read_spec(source.mindir)
+        if source.ms_dir is not None:
+            check_same_model(spec, source.ms_dir, source.mindir)
+        folder, fields = Path(source.mindir), spec["source"]["config"]
+        eos, pad = spec["stop_ids"], spec["pad_id"]
+    else:
+        folder = Path(source.ms_dir)
+        if not folder.is_dir():
+            raise MigrateError(f"MindSpore model folder not found: {folder}")
+        config = load_model_config(folder)
+        fields = config.to_dict()
+        eos, pad = stop_and_pad(folder, config)
+    vocab = fields["vocab_size"]
+    bad = [t for t in options.stop_tokens if not 0 <= t < vocab]
+    if bad:
+        raise MigrateError(f"--stop-token {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    stops = list(options.stop_tokens) + ([] if options.ignore_eos else list(eos))
+    tokenizer = load_tokenizer(folder)
+    prompts = encode_prompts(list(texts), list(ids), tokenizer, folder)
+    prompt_pad = getattr(tokenizer, "pad_token_id", None)
+    batch = make_batch(prompts, prompt_pad if prompt_pad is not None else pad, vocab)
+    rows = batch.size
+    if spec is not None:
+        runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
+    else:
+        runner, path = _live_runner(folder, batch, options)
+    stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
+    on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
+    result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
+                      record_logits=options.compare_hf is not None, on_step=on_step)
+    if stream is not None:
+        stream.close()
+    result = result.rows(rows, stops)
+    outcome = Outcome(result, [decode(tokenizer, row) for row in result.tokens], path)
+    if options.compare_hf is not None:
+        outcome.comparison = _compare(options, fields, result, Batch(batch.sequences[:rows], batch.mask[:rows],
+                                                                      batch.pad_id), stops, pad)
+    return outcome
+
+
+def _live_runner(folder: Path, batch: Batch, options: Options):
+    from migrate.infer.runners import CachedRunner, UncachedRunner
+    from migrate.models.loading import load_model
+
+    if options.mode not in ("graph", "pynative"):
+        raise MigrateError(f"unknown mode {options.mode!r}; choose graph or pynative")
+    if options.dtype is not None and options.dtype not in PRECISIONS:
+        raise MigrateError(f"unknown dtype {options.dtype!r}; choose from {', '.join(PRECISIONS)}")
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE if options.mode == "graph" else ms.PYNATIVE_MODE)
+    model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None)
+    cache_len = options.cache_len or batch.prompt_len + max(options.max_new_tokens, 1)
+    check_lengths(batch, options.max_new_tokens, cache_len)  # before the model loads
+    kind = CachedRunner if options.cache else UncachedRunner
+    runner = kind(model, batch.size, batch.prompt_len, cache_len)
+    mode = "GRAPH_MODE" if options.mode == "graph" else "PyNative"
+    return runner, (f"KV cache, {mode}" if options.cache else f"no cache (full forward each step), {mode}")
+
+
+def _mindir_runner(folder, spec: dict, batch: Batch, max_new_tokens: int):
+    """The MindIR runner, the batch filled to the export's static batch with copies of its last row."""
+    from migrate.infer.mindir import MindIRRunner
+
+    if batch.size > spec["batch"]:
+        raise MigrateError(f"{batch.size} prompts for a MindIR export of batch {spec['batch']}")
+    if batch.prompt_len > spec["prefill_len"]:
+        raise MigrateError(f"the prompt ({batch.prompt_len} tokens) is longer than the exported prefill length "
+                           f"({spec['prefill_len']}); export again with a larger --prefill-len")
+    check_lengths(batch, max_new_tokens, spec["cache_len"], spec["prefill_len"], spec.get("max_positions"))
+    fill = spec["batch"] - batch.size
+    filled = Batch(np.concatenate([batch.sequences] + [batch.sequences[-1:]] * fill),
+                   np.concatenate([batch.mask] + [batch.mask[-1:]] * fill), batch.pad_id)
+    return MindIRRunner(folder, spec), filled, "MindIR (prefill.mindir + decode.mindir)"
+
+
+def _compare(options: Options, fields: dict, result: Generation, batch: Batch, stops, pad):
+    from migrate.infer.compare_hf import compare_with_hf, load_hf_model
+
+    dtype = options.dtype or canonical_dtype(fields.get("compute_dtype", "float32"))
+    hf = load_hf_model(options.compare_hf, dtype)
+    text = hf.config.get_text_config()
+    ours = {"vocab size": fields.get("vocab_size"), "layers": fields.get("num_layers"),
+            "hidden size": fields.get("hidden_size")}
+    theirs = {"vocab size": text.vocab_size, "layers": text.num_hidden_layers, "hidden size": text.hidden_size}
+    differ = [f"{k} {theirs[k]} vs {ours[k]}" for k in ours if ours[k] != theirs[k]]
+    if differ:
+        raise MigrateError(f"{options.compare_hf} is another model than the MindSpore side: {', '.join(differ)}")
+    return compare_with_hf(options.compare_hf, result, batch, options.sampling, stops, pad, dtype, model=hf)

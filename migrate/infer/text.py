@@ -1,0 +1,83 @@
+"""Prompts in, text out: the folder's tokenizer (the files `convert` copies beside the weights).
+
+    tokenizer = load_tokenizer(folder)            # None when the folder has none
+    prompts = encode_prompts(["Hello"], [], tokenizer, folder)
+    stream = TextStream(tokenizer, write)          # stream.push(token) prints what became readable
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from migrate.errors import MigrateError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(folder):
+    """transformers' AutoTokenizer for the folder (local files only), or None when it holds no tokenizer."""
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:
+        raise MigrateError(f"cannot load the tokenizer in {folder}: {str(exc).strip().splitlines()[0]}") from None
+
+
+def parse_ids(text: str) -> list[int]:
+    """'1,2,3' or '1 2 3' -> [1, 2, 3]."""
+    parts = text.replace(",", " ").split()
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise MigrateError(f"--ids takes token ids separated by commas or spaces, got {text!r}"[:200]) from None
+
+
+def encode_prompts(texts: list[str], ids: list[str], tokenizer, folder) -> list[list[int]]:
+    """--prompt texts through the tokenizer (with its special tokens, as HF pipelines do) and --ids lists."""
+    if texts and ids:
+        raise MigrateError("give --prompt or --ids, not both")
+    if not texts and not ids:
+        raise MigrateError("give a prompt: --prompt TEXT or --ids 1,2,3 (repeat either for a batch)")
+    if ids:
+        return [parse_ids(t) for t in ids]
+    if tokenizer is None:
+        raise MigrateError(f"--prompt needs a tokenizer, and {folder} holds none; give token ids with --ids")
+    return [list(tokenizer(t)["input_ids"]) for t in texts]
+
+
+def decode(tokenizer, ids) -> str:
+    if tokenizer is None:
+        return " ".join(str(int(t)) for t in ids)
+    return tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)
+
+
+class TextStream:
+    """Writes one row's new text as tokens arrive: the decoded suffix once it is whole (a
+    multi-byte character split over tokens waits for its last piece); ids without a tokenizer."""
+
+    def __init__(self, tokenizer, write: Callable[[str], None]):
+        self.tokenizer, self.write = tokenizer, write
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def push(self, token: int) -> None:
+        self.ids.append(int(token))
+        if self.tokenizer is None:
+            self.write(("" if len(self.ids) == 1 else " ") + str(int(token)))
+            return
+        text = decode(self.tokenizer, self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.shown):
+            return
+        self.write(text[len(self.shown):])
+        self.shown = text
+
+    def close(self) -> None:
+        if self.tokenizer is not None:
+            text = decode(self.tokenizer, self.ids)
+            if text.startswith(self.shown) and len(text) > len(self.shown):
+                self.write(text[len(self.shown):])
+        self.write("\n")

@@ -1,0 +1,131 @@
+"""`migrate generate` and `migrate export --format mindir` from the command line, as a user runs
+them: text prompts through the folder's tokenizer, HF `generate` beside, the MindIR files alone
+giving the same tokens, and every bad input one line with exit code 2."""
+import json
+import shutil
+
+import pytest
+from hf_fixtures import build_hf_model, save_hf_model
+
+from migrate.cli import main
+from migrate.convert import convert
+
+PROMPTS = ["The capital of France is", "Rome"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from migrate.data.corpus import train_bpe_tokenizer
+
+    root = tmp_path_factory.mktemp("generate")
+    corpus = root / "corpus.txt"
+    corpus.write_text("The capital of France is Paris. The capital of Italy is Rome.\n" * 20)
+    train_bpe_tokenizer([corpus], 320, root / "tok")
+    for name, seed in (("main", 12), ("other", 13)):
+        save_hf_model(build_hf_model("tied", seed=seed, vocab_size=320, initializer_range=0.1), root / name / "hf")
+        for f in (root / "tok").iterdir():
+            (root / name / "hf" / f.name).write_bytes(f.read_bytes())
+        convert(root / name / "hf", root / name / "ms")
+    assert main(["export", "--format", "mindir", str(root / "main" / "ms"), str(root / "mindir"), "--batch", "2",
+                 "--prefill-len", "8", "--cache-len", "48"]) == 0
+    return root
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _prompts():
+    return [arg for p in PROMPTS for arg in ("--prompt", p)]
+
+
+def test_generate_matches_hf_and_the_mindir_files_alone(folders, capsys):
+    ms_dir, hf_dir, mindir = folders / "main" / "ms", folders / "main" / "hf", folders / "mindir"
+    spec = json.loads((mindir / "mindir.json").read_text())
+    names = [i["name"] for i in spec["graphs"]["decode"]["inputs"]]
+    assert names == ["input_ids", "positions", "start", "key_mask", "k_cache.0", "v_cache.0", "k_cache.1", "v_cache.1"]
+    assert [o["name"] for o in spec["graphs"]["decode"]["outputs"]] == ["logits"] + names[4:]
+    assert spec["graphs"]["prefill"]["inputs"][0]["shape"] == [2, 8] and spec["tokenizer"]
+    live = _run(capsys, "generate", ms_dir, *_prompts(), "--max-new-tokens", 40, "--ignore-eos", "--compare-hf",
+                hf_dir)
+    assert live[0] == 0 and "vs HF generate: PASS" in live[1]
+    # The MindIR graphs, without model code or checkpoint (the folder is moved away from its source).
+    alone = folders / "alone"
+    shutil.copytree(mindir, alone)
+    graph = _run(capsys, "generate", "--mindir", alone, *_prompts(), "--max-new-tokens", 40, "--ignore-eos",
+                 "--compare-hf", hf_dir)
+    assert graph[0] == 0 and "vs HF generate: PASS" in graph[1]
+    texts = [line for line in live[1].splitlines() if line.startswith("[")]
+    assert len(texts) == 2 and texts == [line for line in graph[1].splitlines() if line.startswith("[")]
+    # One prompt streams its text; a batch of 1 fills the export's static batch of 2.
+    one = _run(capsys, "generate", "--mindir", alone, "--prompt", PROMPTS[0], "--max-new-tokens", 12,
+               "--ignore-eos")
+    assert one[0] == 0 and "1 × 12 tokens" in one[1]
+    with capsys.disabled():
+        print("\n" + live[1] + graph[1] + one[1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ids", "1,2,3,4,5,6,7,8", "--cache-len", "4"], "longer than the cache (4 slots)"),
+    (["--ids", "1,2,3", "--cache-len", "8", "--max-new-tokens", "6"], "exceeds the cache (8 slots)"),
+    (["--ids", "1,2,3", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["--ids", "1,2,3", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--ids", "1,2,3", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--ids", "1,2,3", "--top-k", "-2"], "--top-k must be >= 0"),
+    (["--ids", "1,2,3", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+    (["--ids", "1,2,999"], "outside the vocabulary"),
+    (["--ids", "1,x"], "--ids takes token ids"),
+    (["--ids", "1,2", "--stop-token", "400"], "--stop-token 400 is outside the vocabulary"),
+])
+def test_bad_generation_input_is_one_line(folders, capsys, argv, message):
+    code, _, err = _run(capsys, "generate", folders / "main" / "ms", *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bad_mindir_folders_are_one_line(folders, capsys, tmp_path):
+    mindir, other_ms = folders / "mindir", folders / "other" / "ms"
+    cases = []
+    missing = tmp_path / "missing"
+    shutil.copytree(mindir, missing)
+    (missing / "decode.mindir").unlink()
+    cases.append((["--mindir", missing, "--ids", "1,2"], "decode.mindir missing"))
+    changed = tmp_path / "changed"
+    shutil.copytree(mindir, changed)
+    shutil.copy(mindir / "prefill.mindir", changed / "decode.mindir")
+    cases.append((["--mindir", changed, "--ids", "1,2"], "decode.mindir"))
+    no_spec = tmp_path / "no_spec"
+    shutil.copytree(mindir, no_spec)
+    (no_spec / "mindir.json").unlink()
+    cases.append((["--mindir", no_spec, "--ids", "1,2"], "no mindir.json"))
+    cases.append(([other_ms, "--mindir", mindir, "--ids", "1,2"], "exported from another model"))
+    cases.append((["--mindir", mindir, "--ids", "1,2,3,4,5,6,7,8,9"], "longer than the exported prefill length"))
+    cases.append((["--mindir", mindir, "--ids", "1,2", "--max-new-tokens", "41"], "exceeds the cache (48 slots)"))
+    cases.append((["--mindir", mindir] + [a for _ in range(3) for a in ("--ids", "1,2")], "3 prompts"))
+    cases.append((["--mindir", mindir, "--ids", "1,2", "--max-new-tokens", "4", "--compare-hf", folders / "nothing"],
+                  "HF model folder not found"))
+    for argv, message in cases:
+        code, _, err = _run(capsys, "generate", *argv)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_another_hf_model_or_no_tokenizer_is_one_line(folders, capsys, tmp_path):
+    hf_other = tmp_path / "hf_other"
+    save_hf_model(build_hf_model("tied", seed=1), hf_other)  # vocabulary 128, not 320
+    code, _, err = _run(capsys, "generate", folders / "main" / "ms", "--ids", "1,2", "--max-new-tokens", 2,
+                        "--mode", "pynative", "--compare-hf", hf_other)
+    assert code == 2 and "another model" in err
+    bare = tmp_path / "bare"
+    shutil.copytree(folders / "main" / "ms", bare, ignore=shutil.ignore_patterns("tokenizer*", "vocab*", "merges*"))
+    code, _, err = _run(capsys, "generate", bare, "--prompt", "hi")
+    assert code == 2 and "needs a tokenizer" in err
+
+
+def test_a_refused_export_writes_nothing(folders, capsys, tmp_path):
+    out = tmp_path / "x"
+    code, _, err = _run(capsys, "export", "--format", "mindir", folders / "main" / "ms", out, "--prefill-len", 64,
+                        "--cache-len", 32)
+    assert code == 2 and "--prefill-len (64) must be shorter than --cache-len (32)" in err and not out.exists()
+    code, _, err = _run(capsys, "export", folders / "main" / "ms", out, "--batch", 2)
+    assert code == 2 and "--batch apply to --format mindir only" in err and not out.exists()
