@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_lora(sub)
     from migrate.cli_infer import register as register_infer
     register_infer(sub)  # generate; export --format mindir
+    from migrate.cli_vocab import register as register_vocab
+    register_vocab(sub)
+    from migrate.cli_report import register as register_report
+    register_report(sub)
     return parser
 
 

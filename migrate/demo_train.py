@@ -29,7 +29,7 @@ MODEL = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_at
 def prepare(root: Path) -> Path:
     """Corpus, tokenizer, HF model (with the tokenizer in its folder), conversion, data, run.yaml."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from migrate.convert import convert
     from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
@@ -39,8 +39,12 @@ def prepare(root: Path) -> Path:
     root.mkdir(parents=True)
     files = write_stdlib_corpus(root / "corpus")
     train_bpe_tokenizer(files, VOCAB, root / "tokenizer")
+    # The config's special ids are the tokenizer's (LlamaConfig's defaults, bos 1 / eos 2, would
+    # make generation stop at <pad>; `migrate vocab check` flags exactly that).
+    tok = AutoTokenizer.from_pretrained(root / "tokenizer")
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, **MODEL)).save_pretrained(root / "hf")
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, **ids, **MODEL)).save_pretrained(root / "hf")
     for f in (root / "tokenizer").iterdir():
         shutil.copy2(f, root / "hf" / f.name)
     convert(root / "hf", root / "ms")

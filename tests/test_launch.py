@@ -54,7 +54,8 @@ def _errors(err: str) -> list[str]:
         "num_heads (4) is not divisible by mp (3): attention heads are split across mp",
         "n_kv_heads (2) and mp (3): kv heads are split when n_kv_heads % mp == 0 "
         "or replicated when mp % n_kv_heads == 0, and neither holds",
-        "vocab_size (320) is not divisible by mp (3): the embedding and lm_head are split over the vocabulary",
+        "vocab_size (320) is not divisible by mp (3): the embedding and lm_head are split over the vocabulary; "
+        "pad it with `migrate vocab resize MS_DIR OUT --pad-to-multiple 3`",
         "intermediate_size (64) is not divisible by mp (3): gate/up/down projections are split over it"]),
     (["--pp", "3", "--micro-batches", "3"],
      ["num_layers (2) is not divisible by pp (3): every pipeline stage needs the same number of layers"]),

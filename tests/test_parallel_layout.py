@@ -36,7 +36,8 @@ def test_valid_layout_passes():
      "and v rows together, so k/v cannot be replicated apart from q; use an mp that divides n_kv_heads, "
      "or convert without --qkv-concat"),
     (Layout(mp=2), _cfg(vocab_size=32001),
-     "vocab_size (32001) is not divisible by mp (2): the embedding and lm_head are split over the vocabulary"),
+     "vocab_size (32001) is not divisible by mp (2): the embedding and lm_head are split over the vocabulary; "
+     "pad it with `migrate vocab resize MS_DIR OUT --pad-to-multiple 2`"),
     (Layout(mp=8), _cfg(intermediate_size=11004),
      "intermediate_size (11004) is not divisible by mp (8): gate/up/down projections are split over it"),
     (Layout(pp=4, micro_batches=2), LLAMA7B,

@@ -105,7 +105,8 @@ def validate(layout: Layout, config) -> list[str]:
                       f"from q; use an mp that divides n_kv_heads, or convert without --qkv-concat")
     if config.vocab_size % mp:
         errors.append(f"vocab_size ({config.vocab_size}) is not divisible by mp ({mp}): "
-                      f"the embedding and lm_head are split over the vocabulary")
+                      f"the embedding and lm_head are split over the vocabulary; pad it with "
+                      f"`migrate vocab resize MS_DIR OUT --pad-to-multiple {mp}`")
     if config.intermediate_size % mp:
         errors.append(f"intermediate_size ({config.intermediate_size}) is not divisible by mp ({mp}): "
                       f"gate/up/down projections are split over it")

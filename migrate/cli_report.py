@@ -1,0 +1,23 @@
+"""`migrate report RUN`: argument parsing only (see `migrate.train.run_report`). Registered into
+the main parser by `migrate.cli`."""
+from __future__ import annotations
+
+
+def _cmd_report(args) -> int:
+    from migrate.train.run_report import write_report
+    from migrate.ui import console
+
+    path = write_report(args.run, args.output, golden_dir=args.golden, noise_dir=args.noise, dtype=args.dtype)
+    console().print(f"[green]report[/] {path}", highlight=False)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page for a training run: curves, step time, "
+                                      "health events, effective hyperparameters")
+    p.add_argument("run", help="a run folder (metrics.jsonl, effective_hparams.json, health.jsonl)")
+    p.add_argument("--golden", metavar="RUN", help="the golden run: its curves beside, and migrate compare's verdict")
+    p.add_argument("--noise", metavar="RUN", help="a second golden run (another data seed): the noise band")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="compare's tolerances (default: the run's)")
+    p.add_argument("-o", "--output", metavar="FILE", help="the HTML file (default: RUN/report.html)")
+    p.set_defaults(func=_cmd_report)
