@@ -45,6 +45,11 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     ms_dir, out = Path(ms_dir), Path(out_dir)
     if not ms_dir.is_dir():
         raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
+    if (ms_dir / "lora.json").is_file() and (ms_dir / "adapter.ckpt").is_file():
+        # A LoRA run's checkpoint holds adapters only: their export is PEFT's format, or a merge.
+        raise MigrateError(f"{ms_dir} holds a LoRA adapter, not a model: `migrate lora export {ms_dir} OUT` "
+                           f"writes it as a PEFT folder; `migrate lora merge {ms_dir} OUT` then `migrate export` "
+                           f"gives HF weights")
     # Fail before any heavy work; checked again, with every file read, when the output is created.
     keymap_file = keymap if str(keymap).endswith((".yaml", ".yml")) else None
     check_output(out, overwrite=overwrite, source=ms_dir, inputs=(keymap_file, checkpoint))

@@ -168,6 +168,15 @@ def test_an_adapter_trained_here_loads_into_peft(root, runs, tmp_path):
     assert np.abs(got - ref).max() <= 1e-5 and np.abs(ref - base).max() > 1e-2
 
 
+def test_export_of_a_lora_checkpoint_points_at_lora_export(root, runs, tmp_path, capsys):
+    latest = root / "runs" / name("qwen2", "all-linear") / "checkpoints" / "latest"
+    capsys.readouterr()
+    code = main(["export", str(latest), str(tmp_path / "hf")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "holds a LoRA adapter" in err[0] and "migrate lora export" in err[0], err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_bf16_lora_is_inside_the_golden_noise_band(root):
     cfg = case_cfg(root, "llama", ["q_proj", "v_proj"], dtype="bf16", checkpoint_interval=0)
     golden.train(cfg, root / "golden" / "bf16", log=lambda line: None)
