@@ -104,6 +104,10 @@ def _cmd_diff(args) -> int:
         return 0
     if not (args.hf_dir and args.ms_dir):
         raise MigrateError("diff needs HF_DIR and MS_DIR")
+    from migrate.cli_probe import diff_any
+
+    if (code := diff_any(args)) is not None:  # dumps, module:factory, --mapping, --stats
+        return code
     from migrate.align.report import print_table, write_report
     from migrate.align.runner import compare
     from migrate.align.thresholds import Thresholds
@@ -199,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", action="append", metavar="KIND.NAME=VALUE",
                    help="fine-grained override, e.g. grad.cosine=0.9999 (repeatable)")
     p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    from migrate.cli_probe import add_diff_options, register as register_probe
+    add_diff_options(p)
     p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser("inspect", help="list the tensors of a checkpoint without loading them")
@@ -215,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_lora(sub)
     from migrate.cli_infer import register as register_infer
     register_infer(sub)  # generate; export --format mindir
+    register_probe(sub)
     from migrate.cli_vocab import register as register_vocab
     register_vocab(sub)
     from migrate.cli_report import register as register_report

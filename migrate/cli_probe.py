@@ -1,0 +1,96 @@
+"""`migrate dump`, and `migrate diff` on any pair (dump folders, `module:factory`, a mapping
+file, statistics mode). Argument parsing only: `migrate.probe.dumping.dump` and
+`migrate.probe.diff_any.compare_any` do the work. Wired into `migrate.cli`'s parser."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from migrate.dtype_names import NAMES
+from migrate.errors import MigrateError
+
+_RUNNER_ONLY = ("inject", "grads", "generate", "adapter", "text")
+
+
+def _cmd_dump(args) -> int:
+    from migrate.probe.dumping import dump
+    from migrate.ui import console
+
+    result = dump(args.side, args.out, dtype=args.dtype, seed=args.seed, inputs_file=args.inputs,
+                  batch=args.batch, seq_len=args.seq_len, padded=args.padded, statistics=args.stats,
+                  keymap=args.keymap or args.src, overwrite=args.overwrite, record_inputs=args.record_inputs,
+                  params=args.params, scope=args.scope)
+    note = f"; inputs written to {args.inputs}" if result.inputs_written else ""
+    console().print(f"[green]dumped[/] {result.records} tensors ({result.mode}, {result.bytes / 2**20:.1f} MiB) "
+                    f"-> {result.out_dir}{note}", markup=True, highlight=False)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("dump", help="run one side (HF folder, converted folder or module:factory) and write "
+                                    "every module's outputs to a dump folder")
+    p.add_argument("side", help="an HF folder, a converted folder, or module:factory / file.py:factory "
+                                "(your code; factory() returns a torch.nn.Module or a MindSpore nn.Cell)")
+    p.add_argument("out", help="the dump folder to write")
+    p.add_argument("--inputs", metavar="FILE", help="token ids to feed: read if FILE exists, else seeded ids are "
+                                                    "written to it (give the second dump the same FILE)")
+    p.add_argument("--stats", action="store_true", help="statistics mode: per tensor min/max/mean/L2/NaN/Inf/"
+                                                        "checksum instead of the tensor")
+    p.add_argument("--dtype", choices=NAMES, default="fp32", help="dtype HF / converted folders run in")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--padded", action="store_true", help="left-pad rows so the padding mask is exercised")
+    p.add_argument("--src", help="family keymap naming the HF folder's blocks (default: from config.json)")
+    p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
+    p.add_argument("--record-inputs", action="store_true", help="also record every module's inputs")
+    p.add_argument("--params", action="store_true", help="also record every parameter")
+    p.add_argument("--scope", metavar="REGEX", help="record only the modules whose name matches (and the model's "
+                                                    "outputs), e.g. 'layers\\.(0|31)\\b'")
+    p.add_argument("--overwrite", action="store_true", help="replace a dump folder migrate wrote")
+    p.set_defaults(func=_cmd_dump)
+
+
+def add_diff_options(p) -> None:
+    """`migrate diff`'s options for any pair."""
+    p.add_argument("--mapping", metavar="FILE", help="YAML pairing blocks to module names ({layer} templates) "
+                                                     "for a side without a known table")
+    p.add_argument("--stats", action="store_true", help="compare through per-tensor statistics only")
+    p.add_argument("--inputs", metavar="FILE", help="token ids from migrate dump --inputs (live sides)")
+
+
+def diff_any(args) -> int | None:
+    """Exit code of `migrate diff` on a pair today's runner does not take, or None for
+    an HF folder against a converted folder (`migrate.align.runner`)."""
+    from migrate.probe.sides import side_kind
+
+    kinds = [side_kind(s) for s in (args.hf_dir, args.ms_dir)]
+    if kinds == ["hf", "converted"] and not (args.mapping or args.stats or args.inputs):
+        return None
+    used = [f"--{o}" for o in _RUNNER_ONLY if getattr(args, o, None)]
+    if used:
+        raise MigrateError(f"{', '.join(used)} need an HF folder and a converted folder (live); "
+                           f"this pair is {' and '.join(kinds)}")
+    from migrate.align.report import print_table, write_report
+    from migrate.align.thresholds import Thresholds
+    from migrate.probe.diff_any import compare_any
+    from migrate.ui import console
+
+    def thresholds(dtype: str) -> Thresholds:  # the dtype is the dumps' own when a side is a dump
+        return Thresholds.for_dtype(dtype).with_overrides(
+            None, max_abs=args.max_abs, cosine=args.cosine, top1=args.top1, kl=args.kl
+        ).with_cli_overrides(args.threshold or [])
+
+    report = compare_any(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
+                         seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
+                         mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
+                         inputs_file=args.inputs, dtype_given=args.dtype != "fp32")
+    out = console()
+    for line in report.pairing.lines():
+        out.print(line, markup=False, highlight=False)
+    if report.extra.get("statistics"):
+        out.print(report.extra["statistics"], markup=False, highlight=False)
+    print_table(report, out)
+    if args.report:
+        paths = write_report(report, Path(args.report))
+        out.print(f"report: {', '.join(str(p) for p in paths.values())}")
+    return report.exit_code
