@@ -125,11 +125,13 @@ def parse_size(text: str) -> int:
 
 
 def _cmd_plan(args) -> int:
+    from migrate.hf_model_config import hf_folder, model_config_from_hf
     from migrate.models.config import LlamaConfig
     from migrate.plan import plan, print_plan
     from migrate.ui import console
 
-    config = LlamaConfig.load(args.model)
+    # an HF folder (or its config.json): the config convert would write, no weights read
+    config = model_config_from_hf(args.model)[1] if hf_folder(args.model) else LlamaConfig.load(args.model)
     estimate, lora_table = None, None
     if args.lora_rank is not None:  # a LoRA run: frozen base, adapters only trained (migrate.lora.memory)
         from migrate.lora.memory import lora_planning
@@ -189,7 +191,8 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_hparams)
 
     p = sub.add_parser("plan", help="per-device memory estimate and a ranked list of parallel layouts that fit")
-    p.add_argument("--model", required=True, help="a converted MindSpore folder (its model.yaml) or a model.yaml")
+    p.add_argument("--model", required=True,
+                   help="a converted MindSpore folder or its model.yaml; or an HF folder or its config.json")
     p.add_argument("--devices", type=int, required=True)
     p.add_argument("--device-memory", required=True, help="per device, e.g. 64GB or 64GiB")
     p.add_argument("--seq-length", type=int, required=True)
@@ -212,8 +215,9 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_keymap_check)
 
     p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")
-    p.add_argument("golden", help="golden metrics.jsonl (or its run folder)")
-    p.add_argument("ms", help="MindSpore metrics.jsonl (or its run folder)")
+    p.add_argument("golden", help="golden metrics.jsonl or run folder; or HF Trainer trainer_state.json, a Megatron-LM "
+                                  "or MindSpore Transformers log, TensorBoard event files (format detected)")
+    p.add_argument("ms", help="MindSpore metrics.jsonl or run folder (or any format the golden takes)")
     p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
     p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
     p.add_argument("--plot", help="write a PNG of the curves and their difference")

@@ -19,6 +19,7 @@ total norm measured on the clipped gradients, and compare's `clip` rule
 catches it there.
 """
 import json
+import math
 
 import pytest
 from train_setup import load_golden, make_run_dir
@@ -67,9 +68,16 @@ def root(tmp_path_factory):
     return root
 
 
-def run_and_compare(root, faults=()):
+def trained(root, faults=(), again=True):
+    """The MindSpore run with `faults` (trained again unless ``again=False`` finds it)."""
     name = "ms_" + ("_".join(faults) or "clean")
-    train(RunConfig.load(root / "run.yaml"), root / name, progress=False, faults=list(faults))
+    if again or not (root / name / "metrics.jsonl").is_file():
+        train(RunConfig.load(root / "run.yaml"), root / name, progress=False, faults=list(faults))
+    return root / name
+
+
+def run_and_compare(root, faults=()):
+    name = trained(root, faults).name
     out = root / f"{name}.json"
     code = main(["compare", str(root / "golden"), str(root / name), "--json", str(out)])
     return code, json.loads(out.read_text()), root / name
@@ -118,3 +126,72 @@ def test_peak_flops_in_run_yaml_is_validated(root):
     assert RunConfig.from_dict(data, base=root).peak_flops is None
     with pytest.raises(MigrateError, match="peak_flops: must be a number > 0"):
         RunConfig.from_dict({**data, "peak_flops": 0}, base=root)
+
+
+# --------------------------------------------------------------------------- the golden as the field's logs
+# The same golden run written as each foreign log (tests/foreign_logs.py, in each producer's own format),
+# against the MindSpore runs above: the clean run passes, every fault fails on the same rule and step. The
+# effective_hparams.json cross-check is skipped (no such file beside a foreign log), so these verdicts come
+# from the curves alone. clip_no_eps shows only in the post-clip norm, which no foreign format logs: for
+# torch-clipping producers compare applies torch's formula to the golden's pre-clip norm; MindSpore
+# Transformers does not clip as torch does, so there the rule is reported not judged.
+
+FOREIGN = ("megatron", "hf_trainer", "hf_tensorboard", "megatron_tensorboard", "mindformers")
+
+
+@pytest.fixture(scope="module")
+def foreign(root):
+    import torch
+    from foreign_logs import (records, write_hf_tensorboard, write_hf_trainer_state, write_megatron,
+                              write_mindformers, write_tensorboard)
+
+    cfg = RunConfig.load(root / "run.yaml")
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=3e-3)
+    sched, lrs = golden.build_scheduler(opt, cfg), [math.nan]
+    for _ in range(cfg.total_steps + 1):  # Megatron prints the next step's lr: the schedule one step further
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    recs = records(root / "golden")
+    assert [r["lr"] for r in recs] == lrs[1:-1]
+    next_lr, out = [math.nan] + lrs[2:], root / "foreign"
+    out.mkdir()
+    return {"megatron": write_megatron(recs, out / "megatron.log", next_lr),
+            "hf_trainer": write_hf_trainer_state(recs, out / "hf"),
+            "hf_tensorboard": write_hf_tensorboard(recs, out / "hf_tb"),
+            "megatron_tensorboard": write_tensorboard(
+                recs, out / "mg_tb", {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm"}, next_lr),
+            "mindformers": write_mindformers(recs, out / "mindformers.log", steps_per_epoch=8)}
+
+
+@pytest.mark.parametrize("fmt", FOREIGN)
+def test_a_foreign_golden_log_passes_the_clean_run_and_fails_every_fault(root, foreign, fmt):
+    def compare(faults=()):
+        out = root / "foreign" / f"{fmt}_{'_'.join(faults) or 'clean'}.json"
+        code = main(["compare", str(foreign[fmt]), str(trained(root, faults, again=False)), "--json", str(out)])
+        return code, json.loads(out.read_text())
+
+    code, report = compare()
+    c = checks(report)
+    assert code == 0, report["summary"]["verdict"]
+    assert report["hparams"]["skipped"] and c["hparams"]["passed"] is None
+    assert any(n.startswith("golden read as ") for n in report["notes"])
+    assert ("clip" in c) == (fmt != "mindformers")
+    print(f"\n[{fmt} clean] " + ", ".join(f"{k} {v['value']:.2e}/{v['limit']:.1e}" for k, v in c.items()
+                                         if isinstance(v["value"], float) and v["limit"]))
+    for fault in sorted(TRAIN_FAULTS):
+        code, report = compare([fault])
+        c = checks(report)
+        failed = [k for k, v in c.items() if v["passed"] is False]
+        key, step = CAUGHT_BY[fault]
+        if fault == "clip_no_eps" and fmt == "mindformers":
+            assert code == 0 and "clip" not in c
+            assert any("clip rule not judged" in n and "does not clip as torch" in n for n in report["notes"])
+            continue
+        print(f"[{fmt} {fault}] failed {failed}; {key} {c[key]['value']:.2e} > {c[key]['limit']:.1e} "
+              f"(x{c[key]['value'] / c[key]['limit']:.3g}) from step {c[key]['step']}")
+        assert code == 1 and c[key]["passed"] is False and c[key]["value"] > 2 * c[key]["limit"], fault
+        assert step is None or c[key]["step"] == step, (fault, c[key]["step"])
+        assert c["first"]["passed"] is True
+        if fault == "clip_no_eps":
+            assert failed == ["clip"]

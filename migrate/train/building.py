@@ -17,6 +17,7 @@ from mindspore import Tensor, ops
 
 from migrate.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
+from migrate.hf_model_config import model_config_from_hf
 from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap
 from migrate.models.loading import load_model
 from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
@@ -67,10 +68,14 @@ def trainable_model_config(ms_dir):
 
 
 def load_training_model(cfg: RunConfig, weights: bool = True):
-    """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy."""
-    ms_dir = cfg.require("ms_model")
-    config = trainable_model_config(ms_dir)
+    """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy.
+    weights=False without ms_model: the config `migrate convert` would write from hf_model's config.json."""
+    if not weights and cfg.ms_model is None:
+        config = model_config_from_hf(cfg.require("hf_model"))[1]
+    else:
+        config = trainable_model_config(cfg.require("ms_model"))
     if weights:
+        ms_dir = cfg.require("ms_model")
         model, config = load_model(ms_dir, compute_dtype="float32")
     else:
         config.compute_dtype = "float32"
@@ -92,7 +97,10 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
         model, model_config = load_training_model(cfg, weights)
     model_config = model_config or model.config
     # The variant and target (qkv_concat, mcore) the folder was converted to pair the parameters.
-    keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
+    if not weights and cfg.ms_model is None:  # none converted: the family of hf_model's config.json
+        keymap = model_config_from_hf(cfg.require("hf_model"))[0].for_model(model_config.to_dict())
+    else:
+        keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
     # The knobs come from the config; an injected fault adjusts them (migrate.train.faults).
     knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
     opt = cfg.optimizer

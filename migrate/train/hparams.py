@@ -143,7 +143,10 @@ def golden_knobs(cfg: RunConfig) -> dict:
 
 
 def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
-    training = build_training(cfg, faults, weights=False)
+    from mindspore.nn.utils import no_init_parameters
+
+    with no_init_parameters():  # parameters and AdamW moments keep their shapes, no data: a 70B fits
+        training = build_training(cfg, faults, weights=False)
     opt = training.optimizer
     groups = opt.param_groups
     decayed = [g for g in groups if g["weight_decay"] != 0]

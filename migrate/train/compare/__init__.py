@@ -7,7 +7,10 @@
     write_plot(result, "compare.png"); write_json(result, "compare.json")
     sys.exit(result.exit_code)                          # 0 within tolerance, 1 drift
 
-A path may be the metrics.jsonl file or the run folder holding it.
+A path may be the metrics.jsonl file or the run folder holding it, or one of the field's logs --
+HF Trainer's trainer_state.json, Megatron-LM or MindSpore Transformers log lines, TensorBoard event
+files -- detected by `readers.read_run` (`log_formats` maps each format's fields, as data;
+`log_alignment` matches window-averaged losses, sparse steps, next-step lrs and printed precision).
 
 One module per concern: `metrics_log` reads a run, `stats` holds the per-step statistics,
 `tolerances` the bounds per dtype, `rules` (with `drift` and `clip`) turns the paired curves
@@ -30,6 +33,7 @@ from migrate.judge import Check
 from migrate.judge.jsonfile import write_json as _write_json
 from migrate.train.compare.metrics_log import Run, read_metrics
 from migrate.train.compare.plot import render_plot, write_plot
+from migrate.train.compare.readers import read_run
 from migrate.train.compare.result import SCHEMA_VERSION, CompareResult
 from migrate.train.compare.runs import compare_runs
 from migrate.train.compare.terminal import print_summary
@@ -42,6 +46,7 @@ __all__ = [
     "Check",
     "CompareResult",
     "read_metrics",
+    "read_run",
     "compare_runs",
     "print_summary",
     "render_plot",

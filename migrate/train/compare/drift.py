@@ -19,7 +19,7 @@ _DRIFT_EARLY = 3         # paired steps whose loss rel diff sets the level the r
 
 
 def drift_check(steps: np.ndarray, lg: np.ndarray, lm: np.ndarray, tol: Tolerances,
-                 res: CompareResult) -> Check | None:
+                 res: CompareResult, floor: float = 0.0) -> Check | None:
     """The fp32 ``drift`` rule: the loss rel diff must stay at the level of the first steps.
 
     Correct fp32 runs differ by rounding alone: the signed loss rel diff
@@ -33,7 +33,7 @@ def drift_check(steps: np.ndarray, lg: np.ndarray, lm: np.ndarray, tol: Toleranc
     golden for ``drift_window`` paired steps in a row (the whole run when it is
     shorter). The figure is the largest such sustained |s|. Measured (tests/
     test_compare_tight.py): correct runs sustain at most ~1.0 e, a decay-only
-    fault 100-600 e.
+    fault 100-600 e. ``floor``: e is at least that (a log's printed resolution).
     """
     if tol.drift is None or not len(steps):
         return None
@@ -42,7 +42,7 @@ def drift_check(steps: np.ndarray, lg: np.ndarray, lm: np.ndarray, tol: Toleranc
     res.loss_signed = signed
     early = np.abs(signed[:_DRIFT_EARLY])
     early = early[np.isfinite(early)]
-    level = max(float(np.median(early)) if early.size else 0.0, _FP32_ULP)
+    level = max(float(np.median(early)) if early.size else 0.0, _FP32_ULP, floor)
     limit = tol.drift * level
     width = min(tol.drift_window, len(steps))
     s = np.nan_to_num(signed, nan=0.0)  # a step without both losses breaks a one-sided stretch

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ class Run:
     loss_scale: np.ndarray | None
     lines: np.ndarray  # 1-based line number of each step
     grad_norm_clipped: np.ndarray | None = None  # total norm after clipping, where logged
+    format: str = "metrics"  # a key of log_formats.FORMATS (or "tensorboard:<dialect>")
+    loss_window: np.ndarray | None = None  # steps each logged loss averages (ending at its step); None: 1
+    resolution: dict = field(default_factory=dict)  # column -> per-step half unit of the last printed digit
 
     def __len__(self) -> int:
         return len(self.steps)

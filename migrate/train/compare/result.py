@@ -61,6 +61,7 @@ class CompareResult:
     drift_sustained: np.ndarray | None = None  # per step: how far s stayed beyond 0, same sign, over the window
     drift_limit: float | None = None        # drift x the first steps' level, where the drift rule applies
     hparams: Any = None                     # hparams_check.HparamsCheck: the effective_hparams.json cross-check
+    formats: dict = field(default_factory=dict)  # side -> log format read (log_formats.FORMATS key)
 
     # ----------------------------------------------------------------- verdict
     @property
@@ -143,7 +144,7 @@ class CompareResult:
                      "golden_steps": self.golden_steps, "ms_steps": self.ms_steps,
                      "noise_steps": self.noise_steps if self.noise_path else None,
                      "paired_steps": len(self.steps), "only_golden": self.only_golden, "only_ms": self.only_ms,
-                     "allow_prefix": self.allow_prefix},
+                     "allow_prefix": self.allow_prefix, "formats": self.formats},
             "dtype": self.dtype,
             "tolerances": self.tolerances.to_dict(),
             "summary": {

@@ -12,7 +12,16 @@ from migrate.errors import MigrateError
 from migrate.dtype_names import canonical_dtype
 from migrate.train.compare.clip import clip_check
 from migrate.train.compare.drift import drift_check
-from migrate.train.compare.metrics_log import Run, read_metrics
+from migrate.train.compare.log_alignment import (
+    align_runs,
+    describe,
+    first_window,
+    mask_unlogged,
+    resolution_bounds,
+    torch_clip_golden,
+)
+from migrate.train.compare.metrics_log import Run
+from migrate.train.compare.readers import read_run
 from migrate.train.compare.result import CompareResult
 from migrate.train.compare.rules import (
     agreement_rules,
@@ -49,12 +58,22 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
         tol = dataclasses.replace(tolerances, dtype=dt)
     elif tolerances is not None:
         tol = tol.with_overrides(**dict(tolerances))
-    golden = read_metrics(golden_path, "golden")
-    ms = read_metrics(ms_path, "MindSpore")
-    noise = read_metrics(noise_path, "noise") if noise_path is not None else None
+    golden = read_run(golden_path, "golden")
+    ms = read_run(ms_path, "MindSpore")
+    noise = read_run(noise_path, "noise") if noise_path is not None else None
+    notes = [n for n in (describe(golden, "golden"), describe(ms, "MindSpore")) if n]
+    golden, ms = align_runs(golden, ms, notes)  # foreign logs: averaged losses, sparse steps
 
     res = _paired(golden, ms, noise, tol, allow_prefix)
+    res.notes[:0] = notes
+    res.formats = {"golden": golden.format, "ms": ms.format}
+    mask_unlogged(res, golden, ms)
+    res.tolerances, drift_floor = resolution_bounds(
+        golden, ms, res.steps, {"loss": res.loss_golden, "lr": res.lr_golden, "grad_norm": res.grad_golden},
+        tol, res.notes)
+    tol = res.tolerances
     res.hparams = cross_check(golden.path, ms.path, hparams)
+    golden = torch_clip_golden(golden, ms, res.hparams, tol.dtype, res.notes)
     checks = [hparams_rule(res.hparams, res)]
     checks += coverage_rule(golden, ms, res)
     checks += agreement_rules(golden, ms, res)
@@ -62,7 +81,7 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
         measure_noise(noise, res)
     k = band_factor(res, noise is not None)
     checks += loss_rules(res, k)
-    drift = drift_check(res.steps, res.loss_golden, res.loss_ms, tol, res)
+    drift = drift_check(res.steps, res.loss_golden, res.loss_ms, tol, res, floor=drift_floor)
     if drift is not None:
         checks.append(drift)
     checks.append(lr_rule(res))
@@ -74,6 +93,15 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
     for c in checks:  # a disabled bound (inf) is reported, not judged
         if c.limit is not None and isinstance(c.limit, float) and math.isinf(c.limit):
             c.passed, c.step = None, None
+    width = first_window(golden, ms, int(res.steps[0]))
+    for c in checks:  # a foreign log's first loss may average several steps: no first-step figure then
+        if c.key == "lr" and np.isnan(res.lr_rel).all():
+            c.passed, c.step, c.detail = None, None, "not judged: no step has an lr on both sides"
+        if c.key == "first" and width > 1:
+            c.passed, c.step = None, None
+            c.detail = (f"not judged: the first paired loss (step {int(res.steps[0])}) averages {width} steps, "
+                        "so it is not one forward pass on the converted weights")
+            res.fail_steps["first"] = []
     res.checks = checks
     if noise is not None:
         noise_notes(res)
