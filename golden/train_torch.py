@@ -16,9 +16,14 @@ Writes to the output folder:
                  fp16 overflowed), grad_norm_clipped (total norm of the
                  gradients after clip_grad_norm_, measured on them: the
                  figure that shows the clip epsilon), tokens (target tokens
-                 so far), time (seconds since the loop started); fp16 adds
-                 loss_scale (the one this step used) and skipped
+                 so far), time (seconds since the loop started), tokens_per_s
+                 (this step's), mfu (with ms_model: `migrate train`'s estimate, see
+                 `throughput_basis`); fp16 adds loss_scale (the one this step used)
+                 and skipped; a step the health watch flags adds health (its event
+                 kinds), and skipped where the policy skipped it
   effective_hparams.json  read back from the live model/optimizer/scheduler
+  health.jsonl, health_batches/  the health watch's events (`migrate.train.health_log`)
+  events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`; tensorboard: false to omit)
   eval.jsonl, checkpoint-N/  when eval_interval / checkpoint_interval are set
 
 Importable: `build_model`, `build_optimizer`, `build_scheduler`,
@@ -48,8 +53,13 @@ from migrate.data.samples import load_samples, read_meta, run_order  # noqa: E40
 from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
 from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
+from migrate.models.registry import family_of, load_model_config  # noqa: E402
 from migrate.train.config import RunConfig  # noqa: E402
 from migrate.train.decay import hf_decay_names  # noqa: E402
+from migrate.train.health import HealthWatch, StepFacts  # noqa: E402
+from migrate.train.health_log import HealthLog  # noqa: E402
+from migrate.train.step_faults import parse_step_faults  # noqa: E402
+from migrate.train.tensorboard import RunBoard  # noqa: E402
 
 # "bf16" -> torch.bfloat16; fp32 runs without autocast
 AUTOCAST = {p.name: getattr(torch, p.compute) if p.low else None for p in PRECISIONS.values()}
@@ -255,6 +265,7 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
         "data": {"dir": str(cfg.data), "shuffle_seed": cfg.shuffle_seed,
                  "order": "epoch e = numpy.random.default_rng([seed, e]).permutation(n)"},
         "live_shared": live_facts(model, AUTOCAST[cfg.dtype]),  # `migrate train` records the same
+        "health": build_health_watch(cfg).describe(),  # the one decision module both sides run
     }
     if cfg.lora is not None:
         out["lora"] = lora_facts(model)
@@ -266,6 +277,37 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
     return out
 
 
+def build_health_watch(cfg: RunConfig) -> HealthWatch:
+    """The health watch of run.yaml's `health:` section (`migrate.train.health`, shared with `migrate train`)."""
+    return HealthWatch.for_run(cfg)
+
+
+def throughput_basis(cfg: RunConfig) -> dict | None:
+    """The MFU estimate's figures, as `migrate train` takes them: flops per token from the converted
+    model's family (PaLM's 6N + 12 L s h, `migrate.models.anatomy`), and run.yaml's peak_flops, else the
+    best fp32 torch.matmul 1024^3 measured here. None without ms_model (no family to count with)."""
+    if cfg.ms_model is None or not (Path(cfg.ms_model) / "model.yaml").is_file():
+        return None
+    config = load_model_config(Path(cfg.ms_model) / "model.yaml")
+    basis = {"flops_per_token": family_of(config).flops_per_token(config, cfg.seq_length),
+             "mfu": "flops_per_token * tokens_per_s / peak_flops"}
+    if cfg.peak_flops is not None:
+        return {**basis, "peak_flops": cfg.peak_flops, "source": "run config (peak_flops)"}
+    return {**basis, "peak_flops": _measure_peak_flops(),
+            "source": "measured: best fp32 torch.matmul 1024x1024x1024 on this device (achievable peak)"}
+
+
+def _measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
+    a = torch.randn(size, size, generator=torch.Generator().manual_seed(0))
+    torch.matmul(a, a)  # warm up
+    best = math.inf
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        torch.matmul(a, a)
+        best = min(best, time.perf_counter() - begin)
+    return 2.0 * size ** 3 / max(best, 1e-9)
+
+
 def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
     """HF's causal-LM loss of row[:-1] predicting row[1:] (labels given pre-shifted)."""
     logits = model(input_ids=rows[:, :-1]).logits
@@ -273,8 +315,11 @@ def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
     return model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
 
 
-def train(cfg: RunConfig, out: str | Path | None = None, log=print) -> Path:
-    """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json)."""
+def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=()) -> Path:
+    """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json,
+    health.jsonl, TensorBoard events). step_faults: `migrate.train.step_faults` specs, applied
+    where `migrate train` applies them. The health policy `stop` raises HealthStop (exit 3)."""
+    faults = parse_step_faults(step_faults)
     out = Path(out) if out is not None else cfg.out_dir.golden
     out.mkdir(parents=True, exist_ok=True)
     samples = load_samples(cfg.data, cfg.seq_length)
@@ -285,14 +330,24 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print) -> Path:
     _check_vocab(cfg, model)
     optimizer, scaler = build_optimizer(model, cfg), build_scaler(cfg)
     scheduler = build_scheduler(optimizer, cfg)
-    (out / "effective_hparams.json").write_text(
-        json.dumps(effective_hparams(cfg, model, optimizer, scheduler, scaler), indent=2) + "\n")
+    hparams = effective_hparams(cfg, model, optimizer, scheduler, scaler)
+    basis = throughput_basis(cfg)
+    if basis is not None:
+        hparams["throughput"] = basis
+    (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
     (out / "eval.jsonl").unlink(missing_ok=True)  # a rerun must not append to an old run's evals
     params = [p for g in optimizer.param_groups for p in g["params"]]
     autocast = AUTOCAST[cfg.dtype]
+    health = HealthLog(build_health_watch(cfg), out, cfg.data, cfg.seq_length, log)
+    board = RunBoard(out if cfg.tensorboard else None)
     start, tokens = time.perf_counter(), 0
-    with open(out / "metrics.jsonl", "w") as metrics:
+    with open(out / "metrics.jsonl", "w") as metrics, contextlib.closing(board):
         for step in range(cfg.total_steps):
+            step_start, step_tokens = time.perf_counter(), 0
+            scheduled = [g["lr"] for g in optimizer.param_groups]
+            if faults.lr_factor(step + 1) != 1.0:
+                for g in optimizer.param_groups:
+                    g["lr"] *= faults.lr_factor(step + 1)
             lr = optimizer.param_groups[0]["lr"]  # what this step's optimizer.step() uses
             losses = []
             for micro in range(cfg.grad_accum_steps):
@@ -302,7 +357,11 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print) -> Path:
                 scaled = loss / cfg.grad_accum_steps
                 (scaler.scale(scaled) if scaler else scaled).backward()
                 losses.append(loss.item())
-                tokens += rows[:, 1:].numel()
+                step_tokens += rows[:, 1:].numel()
+            tokens += step_tokens
+            if faults.poison_grad(step + 1):  # before unscale_, so that fp16's scaler sees it
+                with torch.no_grad():
+                    next(p for p in params if p.grad is not None).grad.view(-1)[0] = float("nan")
             if scaler:
                 scaler.unscale_(optimizer)  # clip and log the true gradient norm
             grads = [p.grad for p in params if p.grad is not None]
@@ -312,19 +371,39 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print) -> Path:
             else:
                 grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
             scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
-            skipped = _optimizer_step(optimizer, scaler)
+            verdict = health.step(StepFacts(step + 1, _finite(sum(losses) / len(losses)), _finite(float(grad_norm)),
+                                            lr, scale), losses, order[step])
+            if verdict.action == "continue":
+                skipped = _optimizer_step(optimizer, scaler)
+            else:  # the health policy skips (or stops at) this step: no optimizer, no scheduler step
+                skipped = True
+                if scaler:
+                    scaler.update()  # the scale moves as on any step (unscale_ recorded the overflow, if any)
             if not skipped:
                 scheduler.step()
+            else:
+                for g, scheduled_lr in zip(optimizer.param_groups, scheduled):
+                    g["lr"] = scheduled_lr  # an injected lr factor must not outlive its step
             optimizer.zero_grad(set_to_none=True)
+            now = time.perf_counter()
+            tokens_per_s = step_tokens / max(now - step_start, 1e-9)
             record = {"step": step + 1, "loss": _finite(sum(losses) / len(losses)), "lr": lr,
                       "grad_norm": _finite(float(grad_norm)), "grad_norm_clipped": _finite(float(clipped_norm)),
                       "tokens": tokens,
-                      "time": round(time.perf_counter() - start, 4)}
+                      "time": round(now - start, 4), "tokens_per_s": round(tokens_per_s, 3)}
+            if basis is not None:
+                record["mfu"] = _finite(basis["flops_per_token"] * tokens_per_s / basis["peak_flops"])
             if scaler:
                 record.update(loss_scale=scale, skipped=skipped)
+            elif verdict.action != "continue":
+                record["skipped"] = True
+            if verdict.events:
+                record["health"] = [e.kind for e in verdict.events]
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
+            board.step(record, events=verdict.events)
             log(f"step {step + 1}/{cfg.total_steps} loss {record['loss']} lr {lr:.3e} grad_norm {record['grad_norm']}")
+            health.stop_if(verdict)
             if eval_rows is not None and (step + 1) % cfg.eval_interval == 0:
                 _evaluate(model, eval_rows, cfg, out, step + 1)
             if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
@@ -396,13 +475,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output folder (default: the config's out_dir.golden)")
     parser.add_argument("--seed", type=int, help="override seed")
     parser.add_argument("--data-seed", type=int, help="override data_seed")
+    parser.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
+                        help="rehearse the health watch: nan_grad or lr_x100 at those steps (as migrate train)")
     args = parser.parse_args(argv)
     try:
         cfg = RunConfig.load(args.config)
         overrides = {k: v for k, v in (("seed", args.seed), ("data_seed", args.data_seed)) if v is not None}
         if overrides:
             cfg = cfg.replace(**overrides)
-        out = train(cfg, args.out)
+        out = train(cfg, args.out, step_faults=args.step_fault or ())
     except MigrateError as exc:
         print(f"train_torch: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code

@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_vocab(sub)
     from migrate.cli_report import register as register_report
     register_report(sub)
+    from migrate.cli_health import register as register_health
+    register_health(sub)
     return parser
 
 

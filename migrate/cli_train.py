@@ -77,7 +77,8 @@ def _cmd_train(args) -> int:
     run_dir = run_training(args.config, out=args.out, resume=args.resume, mode=args.mode, dp=args.dp, mp=args.mp,
                            pp=args.pp, micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
                            cluster=Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port),
-                           echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True))
+                           echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
+                           step_faults=args.step_fault or ())
     written = ("metrics.jsonl, checkpoints/" if RunConfig.load(args.config).checkpoint_interval
                else "metrics.jsonl; checkpoint_interval is 0")
     out.print(f"[green]trained[/] -> {run_dir} ({written})")
@@ -163,6 +164,8 @@ def register(sub) -> None:
     p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
     p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
     p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
+    p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
+                   help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
     g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
     g.add_argument("--dp", type=int, default=1, help="data-parallel ranks (the config's micro batch is per rank)")
     g.add_argument("--mp", type=int, default=1, help="tensor-parallel width (Ascend/GPU only)")

@@ -33,7 +33,9 @@ LAYERS = [
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the
     # planner runs in a clean interpreter (its lazy imports are what it measures).
     ("entry points", ["migrate.cli", "migrate.cli_train", "migrate.cli_lora", "migrate.cli_mindformers",
-                      "migrate.cli_infer", "migrate.cli_probe", "migrate.cli_vocab", "migrate.cli_report",
+                      "migrate.cli_infer",
+                      "migrate.cli_probe",
+                      "migrate.cli_health", "migrate.cli_vocab", "migrate.cli_report",
                       "migrate.demo", "migrate.demo_train",
                       "migrate.__main__", "migrate.train.worker", "migrate.plan_measure"]),
 ]

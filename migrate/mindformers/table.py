@@ -101,6 +101,9 @@ TABLE: tuple[Translation, ...] = (
     Translation("dropout", "(none)", "the legacy Llama has no dropout", "dropout > 0 refused", "llama.py", "—"),
     Translation("eval_data, eval_interval, eval_samples", "(not translated)", "",
                 "MindFormers' do_eval needs a metric setup of its own", "", "—"),
+    Translation("health, tensorboard", "(not translated)", "",
+                "migrate's health watch and event files run in migrate train and the golden script; MindFormers "
+                "has its own tensorboard: and monitor_config: sections", "", "—"),
     Translation("hf_model, ms_model, micro_batch_size, peak_flops, lora", "load_checkpoint (the converted .ckpt "
                 "file, or the folder of shards)", "strict load: nothing missing or unused", "peak_flops and lora "
                 "are not translated", "trainer/utils.py get_load_checkpoint_result", "7 models load strictly"),

@@ -23,6 +23,7 @@ from migrate.models.loading import load_model
 from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
 from migrate.train.config import RunConfig
 from migrate.train.faults import apply_faults, check_faults
+from migrate.train.health import HealthWatch
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.lora_run import LoraRun, attach_for_training, lora_param_groups
@@ -182,6 +183,7 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
         # The golden records live_shared from its torch model, same keys and meaning; the rest is ours alone.
         "live_shared": live,
         "live_mindspore_only": mindspore_only_record(training.model),
+        "health": HealthWatch.for_run(cfg).describe(),  # the one decision module both sides run
     }
     if training.scaler is not None:
         s = training.scaler

@@ -141,6 +141,38 @@ class LossScaleConfig:
         _require(self.growth_interval >= 1, at + "growth_interval", "must be >= 1")
 
 
+HEALTH_POLICIES = ("warn", "skip", "stop")
+
+
+@dataclass
+class HealthConfig:
+    """The training health watch (`migrate.train.health`): what makes an event, what to do about it."""
+
+    policy: str = "warn"               # warn | skip (no optimizer or scheduler step) | stop (exit 3)
+    verdict_step: int = 100            # the verdict line after this step (at the end of a shorter run)
+    window: int = 20                   # running statistics over the last `window` healthy steps
+    min_history: int = 5               # healthy steps before the spike and blow-up rules act
+    loss_spike_sigma: float = 6.0      # a spike: loss above mean + sigma * std of the window...
+    loss_spike_min_rel: float = 0.1    # ...and above mean * (1 + min_rel)
+    grad_blowup_factor: float = 10.0   # pre-clip grad norm above factor * the window's median
+    max_skipped_run: int = 3           # fp16: this many overflow-skipped steps in a row
+    min_loss_scale: float = 1.0        # fp16: the scale backing off below this
+    save_batches: bool = True          # write each event's micro-batches under health_batches/
+
+    def _validate(self, at: str) -> None:
+        if self.policy not in HEALTH_POLICIES:
+            raise _Bad(at + "policy", f"unknown policy {self.policy!r}{_did_you_mean(self.policy, HEALTH_POLICIES)}; "
+                                      f"use {', '.join(HEALTH_POLICIES)}")
+        for key in ("verdict_step", "window", "min_history", "max_skipped_run"):
+            _require(getattr(self, key) >= 1, at + key, f"must be >= 1, got {getattr(self, key)}")
+        _require(self.min_history <= self.window, at + "min_history", f"must be <= window ({self.window})")
+        for key in ("loss_spike_sigma", "loss_spike_min_rel", "min_loss_scale"):
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value > 0, at + key, f"must be a number > 0, got {value}")
+        _require(math.isfinite(self.grad_blowup_factor) and self.grad_blowup_factor > 1, at + "grad_blowup_factor",
+                 f"must be a number > 1, got {self.grad_blowup_factor}")
+
+
 @dataclass
 class OutDirs:
     golden: Path = Path("runs/golden")
@@ -177,6 +209,8 @@ class RunConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     out_dir: OutDirs = field(default_factory=OutDirs)
     lora: LoraSpec | None = None       # LoRA instead of full training (migrate.lora.spec)
+    health: HealthConfig = field(default_factory=HealthConfig)  # the health watch (migrate.train.health)
+    tensorboard: bool = True           # TensorBoard event files in the run folder (migrate.train.tensorboard)
     source: Path | None = field(default=None, compare=False)  # the YAML file, when loaded from one
 
     # ---------- loading ----------
@@ -231,7 +265,7 @@ class RunConfig:
                                 f"use fp32, bf16 or fp16")
         self.dtype = SPELLINGS[self.dtype]
         _require(not self.eval_interval or self.eval_data is not None, "eval_data", "eval_interval needs eval_data")
-        for name in ("optimizer", "schedule", "loss_scale", "out_dir"):
+        for name in ("optimizer", "schedule", "loss_scale", "out_dir", "health"):
             getattr(self, name)._validate(name + ".")
         if self.lora is not None:
             for key, msg in self.lora.problems():

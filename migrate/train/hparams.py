@@ -32,6 +32,7 @@ from typing import Any
 from migrate.conversion_plan import ConversionPlan
 from migrate.train.building import build_training
 from migrate.train.config import RunConfig
+from migrate.train.health import HealthWatch
 from migrate.train.lora_run import peft_parameter_name
 
 LR_REL = 1e-12
@@ -133,6 +134,7 @@ def golden_knobs(cfg: RunConfig) -> dict:
         "num_warmup_steps": hf.num_warmup_steps,
         "num_training_steps": hf.num_training_steps,
         "lr": [float(base * lam(s)) for s in range(cfg.total_steps)],
+        "health": golden.build_health_watch(cfg).describe(),
     }
     if scaler is not None:
         knobs["loss_scale"] = (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
@@ -167,6 +169,7 @@ def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
         "num_warmup_steps": sched.num_warmup_steps,
         "num_training_steps": sched.num_training_steps,
         "lr": sched.table(cfg.total_steps),
+        "health": HealthWatch.for_run(cfg).describe(),
     }
     if training.scaler is not None:
         s = training.scaler
@@ -252,6 +255,8 @@ def hparams_report(cfg: RunConfig, faults=()) -> HparamsReport:
     for knob in ("schedule", "num_warmup_steps", "num_training_steps"):
         rows.append(HparamRow(knob, g[knob], m[knob], g[knob] == m[knob]))
     rows.append(_lr_row(g["lr"], m["lr"]))
+    rows.append(HparamRow("health", g["health"]["policy"], m["health"]["policy"], g["health"] == m["health"],
+                          "health watch policy; every threshold compared too"))
     if "lora" in g or "lora" in m:
         rows += _lora_rows(g.get("lora") or {}, m.get("lora") or {})
     return HparamsReport(rows)

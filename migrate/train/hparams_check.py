@@ -165,6 +165,7 @@ KNOBS: dict[str, tuple[Callable[[dict], Any], str]] = {
     "live.recompute_layers": (_path("live_shared", "recompute_layers"), "layers that recompute, live"),
     "lora": (_lora, "LoRA: rank, alpha, scaling, dropout, rsLoRA, adapted modules, trainable set (null: full)"),
     "lora.base": (_lora_base, "sha256 of the base weights the adapters add to"),
+    "health": (_path("health"), "health watch: policy and every threshold"),
 }
 _LOSS_SCALE_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 

@@ -32,7 +32,7 @@ class RunFailed(MigrateError):
 def run_training(config: str | Path, *, out: str | Path | None = None, resume: str | Path | None = None,
                  mode: str = "graph", dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
                  optimizer_shard: bool = False, cluster: Cluster = Cluster(),
-                 echo: Callable[[str], None] = print) -> Path:
+                 echo: Callable[[str], None] = print, step_faults=()) -> Path:
     """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
     and, with several processes, rank 0's progress lines."""
     cfg = RunConfig.load(config)
@@ -41,6 +41,8 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if cfg.lora is not None and (layout.mp > 1 or layout.pp > 1):
         errors.append("a LoRA run trains with data parallelism only (--dp): --mp/--pp shard the kernels the "
                       "adapters wrap")
+    if step_faults and (layout.devices > 1 or cluster.nodes > 1):
+        errors.append("--step-fault rehearses the health watch in one process; drop --dp/--mp/--pp/--nodes")
     if errors:
         raise MigrateError("\n".join(errors))  # one line per broken rule
     out_dir = Path(out) if out is not None else cfg.out_dir.ms
@@ -49,7 +51,7 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if resume is not None:
         check_resumable(open_checkpoint(resume), cfg, (), layout)  # before any process starts
     if layout.devices == 1 and cluster.nodes == 1:
-        return train(cfg, out_dir=out_dir, resume=resume, mode=mode)
+        return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults)
     result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo)
     if result.code != 0:
         raise RunFailed(f"distributed run failed: {result.summary()}", result.code)

@@ -31,8 +31,12 @@ Writes to the output folder (default cfg.out_dir.ms):
                   (seconds since the run started, carried across a resume)
                   -- plus tokens_per_s (this step's tokens / its wall
                   time) and mfu; fp16 adds loss_scale (the scale this step
-                  used) and skipped
+                  used) and skipped; a step the health watch flags adds health
+                  (its event kinds), and skipped where the policy skipped it
   effective_hparams.json  read back from the live MindSpore objects
+  health.jsonl, health_batches/  the health watch's events (`migrate.train.health`,
+                  `migrate.train.health_log`), decided as the golden script decides
+  events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`)
   eval.jsonl      when eval_interval is set (as the golden script)
   checkpoints/checkpoint-N/, checkpoints/latest   when checkpoint_interval is
                   set (layout in `migrate.train.ckpt`)
@@ -89,22 +93,26 @@ from migrate.train.ckpt_files import RNG_FILE
 from migrate.train.config import RunConfig
 from migrate.train.dist_ckpt import layout_record, slice_table, write_optimizer_shard
 from migrate.train.faults import check_faults
+from migrate.train.health import HealthWatch, StepFacts
+from migrate.train.health_log import HealthLog, replay
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.parallel_setup import wire_parallel
+from migrate.train.step_faults import parse_step_faults
 from migrate.train.steps import PreShiftedLMLoss
+from migrate.train.tensorboard import RunBoard
 
 F32 = ms.float32
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 # Keys of the resumed run's config that may differ from the checkpoint's.
 RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data", "eval_interval", "eval_samples",
-               "peak_flops"}
+               "peak_flops", "health", "tensorboard"}
 
 
 # ---------- the run ----------
 def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path | None = None, progress: bool = True,
           *, mode: str = "graph", faults=(), peak_flops: float | None = None, log=None,
-          stop_after: int | None = None, parallel=None) -> Path:
+          stop_after: int | None = None, parallel=None, step_faults=()) -> Path:
     """Train on MindSpore; returns the output folder.
 
     resume: a checkpoint folder, or a run folder (its `latest`); the run goes on
@@ -115,17 +123,21 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     log: called with one text line per step. stop_after: end the loop after
     this optimizer step (1-based) as if interrupted -- the schedule still
     spans total_steps; no checkpoint is forced. parallel: this process's
-    `ParallelRun` in a multi-process run (None: one process).
+    `ParallelRun` in a multi-process run (None: one process). step_faults:
+    `migrate.train.step_faults` specs, applied where the golden script applies them.
+    The health policy `stop` raises `health_log.HealthStop` (exit code 3).
     """
     if mode not in MODES:
         raise MigrateError(f"unknown mode {mode!r}; use graph or pynative")
     faults = check_faults(faults)
+    step_faults = parse_step_faults(step_faults)
+    health_echo = log or _echo_stderr  # health events are shown even without a step log
     out = Path(out_dir) if out_dir is not None else cfg.out_dir.ms
     previous_mode = ms.get_context("mode")
     ms.set_context(mode=MODES[mode])
     try:
         return _train(cfg, out, resume, progress, mode, faults, peak_flops, log or (lambda line: None), stop_after,
-                      parallel)
+                      parallel, step_faults, health_echo)
     finally:
         ms.set_context(mode=previous_mode)
 
@@ -143,7 +155,12 @@ def run_layout(cfg: RunConfig, parallel=None) -> Layout:
     return Layout(micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
 
 
-def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after, parallel) -> Path:
+def _echo_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after, parallel, step_faults,
+           health_echo) -> Path:
     layout = run_layout(cfg, parallel)
     writer = parallel is None or parallel.is_writer  # rank 0 alone writes the run folder
     if writer:
@@ -209,16 +226,22 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
         _truncate_jsonl(eval_path, start)
         metrics_path.write_text("".join(metrics_lines))
 
+    watch = HealthWatch.for_run(cfg)
+    replay(watch, [json.loads(line) for line in metrics_lines if line.strip()])  # a resume: the same statistics
+    health = HealthLog(watch, out if writer else None, cfg.data, cfg.seq_length,
+                       health_echo if writer else (lambda line: None), start_step=start)
+    board = RunBoard(out if writer and cfg.tensorboard else None, start)
     zeros = tuple(Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters)
     eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
     batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
     run_start = time.perf_counter() - elapsed0
     sink = metrics_path if writer else os.devnull  # rank 0 alone writes the metrics
-    with open(sink, "a") as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar:
+    with open(sink, "a") as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar, \
+            contextlib.closing(board):
         last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
         for step in range(start, last):
             step_start = time.perf_counter()
-            lr = training.schedule.lr(sched_pos)
+            lr = training.schedule.lr(sched_pos) * step_faults.lr_factor(step + 1)
             optimizer.set_lr(lr)
             scale = scaler.scale if scaler is not None else 1.0
             scale_t = Tensor(np.float32(scale))
@@ -237,9 +260,14 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
             if parallel is not None:
                 acc = parallel.reduce_grads(acc)
                 step_loss = parallel.mean_over_ranks(step_loss)
+            if step_faults.poison_grad(step + 1):  # before unscaling, as the golden: fp16's scaler sees it
+                acc = _poisoned(acc)
             grads, norm, all_finite = clipper(acc, scaler.inv_scale if scaler is not None else 1.0)
             norm, all_finite = float(norm.asnumpy()), bool(all_finite.asnumpy())
-            skipped = scaler is not None and not all_finite
+            verdict = health.step(StepFacts(step + 1, _finite(step_loss), _finite(norm), lr,
+                                            scale if scaler is not None else None), losses, order[step])
+            # fp16 overflow, or the health policy skips (or stops at) this step: no optimizer, no scheduler step
+            skipped = (scaler is not None and not all_finite) or verdict.action != "continue"
             if not skipped:
                 optimizer.step(grads)
                 sched_pos += 1
@@ -253,12 +281,18 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                       "tokens_per_s": round(tokens_per_s, 3), "mfu": _finite(fpt * tokens_per_s / peak["peak_flops"])}
             if scaler is not None:
                 record.update(loss_scale=scale, skipped=skipped)
+            elif skipped:
+                record["skipped"] = True
+            if verdict.events:
+                record["health"] = [e.kind for e in verdict.events]
             line = json.dumps(record) + "\n"
             metrics.write(line)
             metrics.flush()
             metrics_lines.append(line)
+            board.step(record, events=verdict.events)
             log(f"step {step + 1}/{cfg.total_steps} loss {record['loss']} lr {lr:.3e} grad_norm {record['grad_norm']}")
             bar(step + 1, record)
+            health.stop_if(verdict)
             if eval_rows is not None and (step + 1) % cfg.eval_interval == 0:
                 _evaluate(eval_step, model, eval_rows, cfg, eval_path, step + 1)
             if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
@@ -363,6 +397,13 @@ def _check_resume_state(checkpoint) -> None:
     if not ok:
         raise MigrateError(f"cannot resume from {checkpoint.path}: {RNG_FILE} does not hold the Python, numpy and "
                            f"MindSpore generator states")
+
+
+def _poisoned(acc):
+    """The accumulated gradients with a NaN in the first one's first element (step_faults nan_grad)."""
+    first = acc[0].asnumpy().copy()
+    first.reshape(-1)[0] = np.nan
+    return (Tensor(first), *acc[1:])
 
 
 def _finite(x: float):
