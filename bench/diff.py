@@ -3,8 +3,8 @@
     python bench/diff.py [--layers 16] [--hidden 1024] [--workdir DIR] [--keep]
 
 Builds an HF Llama from a config and a seed (fp32, safetensors), converts it, then runs each
-measurement in a child process of its own (peak RSS is the child's `resource.getrusage`
-ru_maxrss, imports included; times exclude the imports):
+measurement in a child process of its own (peak RSS is the child's own VmHWM, imports
+included; times exclude the imports):
 
   bare HF / bare MS   load the model, one forward without hooks
   diff live           `migrate.align.compare` (HF vs converted, live)
@@ -41,6 +41,11 @@ def _child(task: str, args: dict) -> dict:
 
 
 def _rss() -> int:
+    """The child's own peak (VmHWM): ru_maxrss would carry over the spawning process's."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

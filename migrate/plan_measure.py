@@ -28,7 +28,16 @@ def _rss() -> int:
 
 
 def _maxrss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """This process's own peak (VmHWM). ru_maxrss would carry over the high-water mark of the
+    process that spawned it (vfork + exec): a child of a big pytest run reads as big as its parent."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; where /proc is absent
 
 
 class _Sampler(threading.Thread):
