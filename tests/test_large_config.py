@@ -63,3 +63,18 @@ def test_hparams_and_plan_on_a_70b_config_json_stay_under_2gb(tmp_path):
                                  "--dtype", "bf16")
     print(f"plan 70B: exit {rc}, peak RSS {peak} MiB")
     assert rc == 0 and peak < 2000 and "dp" in text
+
+
+def test_hparams_on_a_config_json_of_a_family_that_does_not_train_is_one_line(tmp_path, capsys):
+    from migrate.cli import main
+
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+            "n_positions": 128, "vocab_size": 256}
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(gpt2))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "run.yaml").write_text(textwrap.dedent(RUN).replace("seq_length: 4096", "seq_length: 64"))
+    capsys.readouterr()
+    code = main(["hparams", str(tmp_path / "run.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "trains the bundled Llama family" in err[0] and "GPT2" in err[0], err

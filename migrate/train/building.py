@@ -59,12 +59,16 @@ def trainable_model_config(ms_dir):
     """The model config of a converted folder the trainer can train (a family the registry
     marks `trains`: the bundled Llama, hf_llama, hf_qwen2, hf_mistral, hf_gemma, fused or not);
     anything else is refused in one line."""
-    config = load_model_config(Path(ms_dir) / "model.yaml")
-    model_class = config.extra.get(MODEL_CLASS_FIELD) or DEFAULT_MODEL_CLASS
+    return _trainable(load_model_config(Path(ms_dir) / "model.yaml"), ms_dir)
+
+
+def _trainable(config, where):
+    model_class = getattr(config, "extra", {}).get(MODEL_CLASS_FIELD) or DEFAULT_MODEL_CLASS
     family = FAMILIES.get(model_class)
     if family is None or not family.trains or not isinstance(config, family.config_class):
+        held = model_class if family is not None and isinstance(config, family.config_class) else type(config).__name__
         raise MigrateError(f"migrate train trains the bundled Llama family (hf_llama, hf_qwen2, hf_mistral, hf_gemma); "
-                           f"{ms_dir} holds {model_class}")
+                           f"{where} holds {held}")
     return config
 
 
@@ -72,7 +76,7 @@ def load_training_model(cfg: RunConfig, weights: bool = True):
     """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy.
     weights=False without ms_model: the config `migrate convert` would write from hf_model's config.json."""
     if not weights and cfg.ms_model is None:
-        config = model_config_from_hf(cfg.require("hf_model"))[1]
+        config = _trainable(model_config_from_hf(cfg.require("hf_model"))[1], cfg.hf_model)
     else:
         config = trainable_model_config(cfg.require("ms_model"))
     if weights:
