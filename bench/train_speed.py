@@ -1,55 +1,280 @@
-"""Training throughput: the MindSpore trainer against the golden PyTorch script.
+"""Training throughput: the MindSpore trainer, the golden PyTorch script and the MindSpore floor.
 
-    python bench/train_speed.py [--steps 50] [--workdir DIR]
+    python bench/train_speed.py [--sizes demo,big] [--dtypes fp32,bf16] [--repeats 3]
+                                [--steps 20] [--big-steps 3] [--workdir DIR]
 
-Builds the demo's setup (small Llama, BPE tokenizer on stdlib docstrings, one
-run.yaml), trains it with the golden script and with `migrate train` one after
-the other in this process, and prints tokens/s of each and their ratio. The
-first MindSpore step pays the GRAPH_MODE compile, and the first golden step
-torch's warm-up, so both are measured over steps 2..N from their own
-metrics.jsonl `time` column. Same model, config, data and machine; no asserts.
+Sizes: `demo` is the demo's Llama (micro batch 4 × accumulation 2 × seq 64); `big` is a
+matmul-bound Llama of ~115 M parameters (hidden 768, 16 layers, seq 256, micro batch 2 ×
+accumulation 1) on the same tokenizer and corpus. For every size and dtype the bench runs,
+alternating and each in a fresh process, the golden script, `migrate train` and the floor
+(`bench/ms_floor.py`: forward + backward + clip + AdamW as one compiled graph) `--repeats`
+times, then one profiled run of each trainer for the step-time breakdown
+(`migrate.train.step_profile`). A run's speed is its median steady step (the first step,
+compile and warm-up, left out); the figures are medians over the repeats with the
+min-max spread. MFU is against the matmul peak each framework reaches here on a
+2048x1024x4096 matmul in the run's dtype (measured in the same run). No asserts: figures only.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("GLOG_v", "3")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+BIG = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=12,
+           num_key_value_heads=12, max_position_embeddings=256, rms_norm_eps=1e-5)
+BIG_RUN = """\
+hf_model: hf
+ms_model: ms
+data: data
+seq_length: 256
+micro_batch_size: 2
+grad_accum_steps: 1
+total_steps: 50
+max_grad_norm: 1.0
+seed: 0
+optimizer: {lr: 2.0e-4, weight_decay: 0.1}
+schedule: {name: cosine, warmup_steps: 1, min_lr_rate: 0.1}
+out_dir: {golden: runs/golden, ms: runs/ms}
+"""
+MATMUL = (2048, 1024, 4096)  # (m, k, n): 2 m k n flops
 
-def tokens_per_second(run_dir: Path) -> float:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    first, last = rows[0], rows[-1]
-    return (last["tokens"] - first["tokens"]) / (last["time"] - first["time"])
+
+# ---------- setups ----------
+def prepare_big(root: Path, demo: Path) -> Path:
+    """The big Llama on the demo's tokenizer and corpus (seq 256)."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from migrate.convert import convert
+    from migrate.data.tokenize import tokenize_corpus
+    from migrate.demo_train import VOCAB
+
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    tok = AutoTokenizer.from_pretrained(demo / "tokenizer")
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, **ids, **BIG)).save_pretrained(root / "hf")
+    for f in (demo / "tokenizer").iterdir():
+        shutil.copy2(f, root / "hf" / f.name)
+    convert(root / "hf", root / "ms")
+    tokenize_corpus(sorted((demo / "corpus").rglob("*.txt")), root / "hf", 256, root / "data")
+    (root / "run.yaml").write_text(BIG_RUN)
+    return root / "run.yaml"
+
+
+# ---------- one measurement, in its own process ----------
+def _steady(records: list[dict]) -> list[float]:
+    times = [r["time"] for r in records]
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def child(kind: str, config: Path, dtype: str, steps: int, out: Path) -> dict:
+    from migrate.train.config import RunConfig
+
+    cfg = RunConfig.load(config)
+    warmup = min(cfg.schedule.warmup_steps or 0, steps)  # a short run keeps a valid schedule
+    cfg = cfg.replace(total_steps=steps, dtype=dtype, schedule=dataclasses.replace(cfg.schedule, warmup_steps=warmup))
+    tokens = cfg.micro_batch_size * cfg.grad_accum_steps * cfg.seq_length
+    if kind == "peak":
+        ms_fp32 = _ms_peak("fp32")
+        try:
+            ms_bf16 = _ms_peak("bf16")
+        except RuntimeError:  # no bf16 MatMul on MindSpore's CPU: bf16 runs as rounded fp32 matmuls
+            ms_bf16 = None
+        return {"torch": {d: _torch_peak(d) for d in ("fp32", "bf16")},
+                "mindspore": {"fp32": ms_fp32, "bf16": ms_bf16 or ms_fp32}, "ms_bf16_matmul": ms_bf16 is not None}
+    if kind == "floor":
+        from ms_floor import floor_step_times
+
+        times, losses = floor_step_times(cfg, steps)
+        return {"step_s": times[1:], "tokens": tokens, "losses": losses}
+    profile = kind.endswith("_profile")
+    if kind.startswith("golden"):
+        from migrate.train.hparams import load_golden
+
+        run = load_golden().train(cfg, out, log=lambda *_: None, profile=profile)
+    else:
+        from migrate.train.trainer import train
+
+        run = train(cfg, out_dir=out, progress=False, profile=profile, log=None)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"step_s": _steady(records), "tokens": tokens, "records": records,
+            "losses": [r["loss"] for r in records]}
+
+
+def _torch_peak(dtype: str, repeats: int = 5) -> float:
+    import torch
+
+    m, k, n = MATMUL
+    kind = torch.float32 if dtype == "fp32" else torch.bfloat16
+    a, b = torch.randn(m, k).to(kind), torch.randn(k, n).to(kind)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2.0 * m * k * n / best
+
+
+def _ms_peak(dtype: str, repeats: int = 5) -> float:
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn, ops
+
+    class MatMul(nn.Cell):
+        def construct(self, a, b):
+            return ops.matmul(a, b)
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    m, k, n = MATMUL
+    rng = np.random.default_rng(0)
+    a, b = Tensor(rng.standard_normal((m, k), np.float32)), Tensor(rng.standard_normal((k, n), np.float32))
+    if dtype == "bf16":
+        a, b = a.astype(ms.bfloat16), b.astype(ms.bfloat16)
+    cell = MatMul()
+    cell(a, b).asnumpy()
+    best = min(_timed(lambda: cell(a, b).asnumpy()) for _ in range(repeats))
+    return 2.0 * m * k * n / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_child(kind: str, config: Path, dtype: str, steps: int, work: Path) -> dict:
+    out = Path(tempfile.mkdtemp(prefix=f"{kind}_", dir=work))
+    result = out / "result.json"
+    cmd = [sys.executable, __file__, "--child", kind, "--config", str(config), "--dtype", dtype,
+           "--child-steps", str(steps), "--child-out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not result.is_file():
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise SystemExit(f"train_speed: the {kind} run ({dtype}, {config}) failed:\n{tail}")
+    return json.loads(result.read_text())
+
+
+# ---------- figures ----------
+def tokens_per_s(result: dict) -> float:
+    return result["tokens"] / statistics.median(result["step_s"])
+
+
+def med_spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(values: list[float], digits: int = 0) -> str:
+    m, lo, hi = med_spread(values)
+    return f"{m:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
+
+
+def breakdown_table(golden: dict, ms_run: dict, floor_s: float) -> str:
+    from migrate.train.step_profile import LABELS, PHASES, field_name
+
+    rows = {}
+    for side, result in (("golden", golden), ("ms", ms_run)):
+        recs = [r for r in result["records"][1:] if field_name("host") in r]
+        for p in (*PHASES, "host"):
+            vals = [r[field_name(p)] for r in recs if field_name(p) in r]
+            if vals:
+                rows.setdefault(p, {})[side] = statistics.median(vals)
+    wall = {s: sum(v.get(s, 0.0) for v in rows.values()) for s in ("golden", "ms")}
+    lines = [f"  {'phase (median s/step, share)':<44} {'golden PyTorch':>18} {'MindSpore trainer':>20}"]
+    for p, v in rows.items():
+        cells = [f"{v[s]:8.4f} {v[s] / wall[s]:6.1%}" if s in v and wall[s] else f"{'—':>15}" for s in ("golden", "ms")]
+        lines.append(f"  {LABELS[p]:<44} {cells[0]:>18} {cells[1]:>20}")
+    lines.append(f"  {'sum of the phases':<44} {wall['golden']:8.4f} {'':>9} {wall['ms']:8.4f}")
+    lines.append(f"  {'MindSpore floor (one graph, whole step)':<44} {'':>18} {floor_s:8.4f}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--workdir", help="keep the setup and runs here (default: a temp folder)")
+    parser.add_argument("--sizes", default="demo,big")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side per size and dtype")
+    parser.add_argument("--steps", type=int, default=20, help="steps per run at the demo size")
+    parser.add_argument("--big-steps", type=int, default=3, help="steps per run at the big size")
+    parser.add_argument("--workdir", help="keep the setups and runs here (default: a temp folder)")
+    parser.add_argument("--reuse-setup", action="store_true", help="reuse the setups already in --workdir")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    parser.add_argument("--child-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        out = Path(args.child_out)
+        result = child(args.child, Path(args.config), args.dtype, args.child_steps, out / "run")
+        (out / "result.json").write_text(json.dumps(result))
+        return 0
 
     from migrate.demo_train import prepare
+    from migrate.train.building import flops_per_token, trainable_model_config
     from migrate.train.config import RunConfig
-    from migrate.train.hparams import load_golden
-    from migrate.train.trainer import train
 
-    root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_train_"))
-    cfg = RunConfig.load(prepare(root)).replace(total_steps=args.steps)
-    golden = load_golden().train(cfg, log=lambda *_: None)
-    ms_run = train(cfg, progress=False)
-    g, m = tokens_per_second(golden), tokens_per_second(ms_run)
-    print(f"model: {cfg.ms_model} · {args.steps} steps · micro batch {cfg.micro_batch_size} × accum "
-          f"{cfg.grad_accum_steps} × seq {cfg.seq_length} · fp32 · {os.cpu_count()} CPU cores")
-    print(f"golden PyTorch      {g:10.0f} tokens/s")
-    print(f"MindSpore trainer   {m:10.0f} tokens/s  (GRAPH_MODE)")
-    print(f"ratio MindSpore / golden: {m / g:.2f}")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_train_"))
+    reuse = args.reuse_setup and (work / "demo" / "run.yaml").is_file()
+    configs = {"demo": work / "demo" / "run.yaml" if reuse else prepare(work / "demo")}
+    if "big" in args.sizes:
+        big = work / "big" / "run.yaml"
+        configs["big"] = big if args.reuse_setup and big.is_file() else prepare_big(work / "big", work / "demo")
+    peak = run_child("peak", configs["demo"], "fp32", 1, work)
+    for d in ("fp32", "bf16"):
+        print(f"{os.cpu_count()} CPU cores · {d} matmul {'x'.join(map(str, MATMUL))} (the MFU peaks): torch "
+              f"{peak['torch'][d] / 1e9:.1f} GFLOP/s, MindSpore GRAPH_MODE {peak['mindspore'][d] / 1e9:.1f} GFLOP/s")
+    if not peak["ms_bf16_matmul"]:
+        print("  (MindSpore has no bf16 MatMul on this device: its bf16 runs are fp32 matmuls with bf16 rounding "
+              "(migrate.train.precision), so its bf16 peak is its fp32 one)")
+    for size in [s for s in args.sizes.split(",") if s]:
+        config = configs[size]
+        cfg = RunConfig.load(config)
+        mc = trainable_model_config(cfg.ms_model)
+        fpt = flops_per_token(mc, cfg.seq_length)
+        steps = args.steps if size == "demo" else args.big_steps
+        for dtype in [d for d in args.dtypes.split(",") if d]:
+            tps = {"golden": [], "ms": [], "floor": []}
+            floor_step = []
+            for _ in range(args.repeats):  # alternating, each in a fresh process
+                for kind in ("golden", "ms", "floor"):
+                    r = run_child(kind, config, dtype, steps, work)
+                    tps[kind].append(tokens_per_s(r))
+                    if kind == "floor":
+                        floor_step.append(statistics.median(r["step_s"]))
+            prof = {k: run_child(f"{k}_profile", config, dtype, steps, work) for k in ("golden", "ms")}
+            ratio = [m / g for m, g in zip(tps["ms"], tps["golden"])]
+            floor_ratio = [f / g for f, g in zip(tps["floor"], tps["golden"])]
+            overhead = [f / m for f, m in zip(tps["floor"], tps["ms"])]  # trainer step time / floor step time
+            print(f"\n== {size}: {mc.num_layers} layers × hidden {mc.hidden_size}, "
+                  f"{fpt / 1e9:.2f} GFLOP/token (≈{fpt / 6 / 1e6:.0f} M params by 6N + attention) · micro batch "
+                  f"{cfg.micro_batch_size} × accum {cfg.grad_accum_steps} × seq {cfg.seq_length} · {dtype} · "
+                  f"{steps} steps × {args.repeats} alternating runs; median (min–max)")
+            print(f"  golden PyTorch      {fmt(tps['golden']):>26} tokens/s   MFU "
+                  f"{statistics.median(tps['golden']) * fpt / peak['torch'][dtype]:.1%}")
+            print(f"  MindSpore trainer   {fmt(tps['ms']):>26} tokens/s   MFU "
+                  f"{statistics.median(tps['ms']) * fpt / peak['mindspore'][dtype]:.1%}")
+            print(f"  MindSpore floor     {fmt(tps['floor']):>26} tokens/s   MFU "
+                  f"{statistics.median(tps['floor']) * fpt / peak['mindspore'][dtype]:.1%}")
+            print(f"  ratio MindSpore / golden:        {fmt(ratio, 2)}")
+            print(f"  ratio floor / golden:            {fmt(floor_ratio, 2)}")
+            print(f"  trainer overhead over the floor: {fmt(overhead, 2)} × (trainer step time / floor step time)")
+            print(f"  profiled runs (syncs on): golden {tokens_per_s(prof['golden']):,.0f}, MindSpore "
+                  f"{tokens_per_s(prof['ms']):,.0f} tokens/s")
+            print(breakdown_table(prof["golden"], prof["ms"], statistics.median(floor_step)))
     return 0
 
 

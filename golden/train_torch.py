@@ -59,6 +59,7 @@ from migrate.train.decay import hf_decay_names  # noqa: E402
 from migrate.train.health import HealthWatch, StepFacts  # noqa: E402
 from migrate.train.health_log import HealthLog  # noqa: E402
 from migrate.train.step_faults import parse_step_faults  # noqa: E402
+from migrate.train.step_profile import format_breakdown, profile_for  # noqa: E402
 from migrate.train.tensorboard import RunBoard  # noqa: E402
 
 # "bf16" -> torch.bfloat16; fp32 runs without autocast
@@ -315,10 +316,12 @@ def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
     return model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
 
 
-def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=()) -> Path:
+def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=(), profile: bool = False) -> Path:
     """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json,
     health.jsonl, TensorBoard events). step_faults: `migrate.train.step_faults` specs, applied
-    where `migrate train` applies them. The health policy `stop` raises HealthStop (exit 3)."""
+    where `migrate train` applies them. The health policy `stop` raises HealthStop (exit 3).
+    profile: the step-time breakdown `migrate train --profile` logs (torch CPU is synchronous,
+    so no sync is needed), as time_*_s fields and a table logged at the end."""
     faults = parse_step_faults(step_faults)
     out = Path(out) if out is not None else cfg.out_dir.golden
     out.mkdir(parents=True, exist_ok=True)
@@ -340,10 +343,12 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     autocast = AUTOCAST[cfg.dtype]
     health = HealthLog(build_health_watch(cfg), out, cfg.data, cfg.seq_length, log)
     board = RunBoard(out if cfg.tensorboard else None)
+    prof, records = profile_for(profile), []  # off: no clock, no fields
     start, tokens = time.perf_counter(), 0
     with open(out / "metrics.jsonl", "w") as metrics, contextlib.closing(board):
         for step in range(cfg.total_steps):
             step_start, step_tokens = time.perf_counter(), 0
+            prof.begin()
             scheduled = [g["lr"] for g in optimizer.param_groups]
             if faults.lr_factor(step + 1) != 1.0:
                 for g in optimizer.param_groups:
@@ -351,30 +356,34 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
             lr = optimizer.param_groups[0]["lr"]  # what this step's optimizer.step() uses
             losses = []
             for micro in range(cfg.grad_accum_steps):
-                rows = torch.from_numpy(np.asarray(samples[order[step, micro]], dtype=np.int64))
-                with _autocast(autocast):
-                    loss = micro_loss(model, rows)
-                scaled = loss / cfg.grad_accum_steps
-                (scaler.scale(scaled) if scaler else scaled).backward()
-                losses.append(loss.item())
+                with prof.phase("data"):
+                    rows = torch.from_numpy(np.asarray(samples[order[step, micro]], dtype=np.int64))
+                with prof.phase("fwd_bwd"):
+                    with _autocast(autocast):
+                        loss = micro_loss(model, rows)
+                    scaled = loss / cfg.grad_accum_steps
+                    (scaler.scale(scaled) if scaler else scaled).backward()
+                    losses.append(loss.item())
                 step_tokens += rows[:, 1:].numel()
             tokens += step_tokens
             if faults.poison_grad(step + 1):  # before unscale_, so that fp16's scaler sees it
                 with torch.no_grad():
                     next(p for p in params if p.grad is not None).grad.view(-1)[0] = float("nan")
-            if scaler:
-                scaler.unscale_(optimizer)  # clip and log the true gradient norm
-            grads = [p.grad for p in params if p.grad is not None]
-            if cfg.max_grad_norm:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                clipped_norm = torch.nn.utils.get_total_norm(grads)  # measured on the clipped tensors
-            else:
-                grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
+            with prof.phase("clip"):
+                if scaler:
+                    scaler.unscale_(optimizer)  # clip and log the true gradient norm
+                grads = [p.grad for p in params if p.grad is not None]
+                if cfg.max_grad_norm:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    clipped_norm = torch.nn.utils.get_total_norm(grads)  # measured on the clipped tensors
+                else:
+                    grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
             scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
             verdict = health.step(StepFacts(step + 1, _finite(sum(losses) / len(losses)), _finite(float(grad_norm)),
                                             lr, scale), losses, order[step])
             if verdict.action == "continue":
-                skipped = _optimizer_step(optimizer, scaler)
+                with prof.phase("optimizer"):
+                    skipped = _optimizer_step(optimizer, scaler)
             else:  # the health policy skips (or stops at) this step: no optimizer, no scheduler step
                 skipped = True
                 if scaler:
@@ -399,6 +408,8 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
                 record["skipped"] = True
             if verdict.events:
                 record["health"] = [e.kind for e in verdict.events]
+            record.update(prof.end(now - step_start))
+            records.append(record)
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
             board.step(record, events=verdict.events)
@@ -408,6 +419,8 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
                 _evaluate(model, eval_rows, cfg, out, step + 1)
             if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
                 _save_checkpoint(model, optimizer, scheduler, scaler, cfg, out, step + 1)
+    if profile:
+        log(format_breakdown(records, "golden PyTorch step time"))
     return out
 
 
@@ -477,13 +490,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-seed", type=int, help="override data_seed")
     parser.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
                         help="rehearse the health watch: nan_grad or lr_x100 at those steps (as migrate train)")
+    parser.add_argument("--profile", action="store_true",
+                        help="time each step's phases (time_*_s fields in metrics.jsonl, a table at the end)")
     args = parser.parse_args(argv)
     try:
         cfg = RunConfig.load(args.config)
         overrides = {k: v for k, v in (("seed", args.seed), ("data_seed", args.data_seed)) if v is not None}
         if overrides:
             cfg = cfg.replace(**overrides)
-        out = train(cfg, args.out, step_faults=args.step_fault or ())
+        out = train(cfg, args.out, step_faults=args.step_fault or (), profile=args.profile)
     except MigrateError as exc:
         print(f"train_torch: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code

@@ -78,7 +78,7 @@ def _cmd_train(args) -> int:
                            pp=args.pp, micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
                            cluster=Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port),
                            echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
-                           step_faults=args.step_fault or ())
+                           step_faults=args.step_fault or (), profile=args.profile)
     written = ("metrics.jsonl, checkpoints/" if RunConfig.load(args.config).checkpoint_interval
                else "metrics.jsonl; checkpoint_interval is 0")
     out.print(f"[green]trained[/] -> {run_dir} ({written})")
@@ -164,6 +164,9 @@ def register(sub) -> None:
     p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
     p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
     p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
+    p.add_argument("--profile", action="store_true",
+                   help="time each step's phases (data, forward+backward, clip, optimizer, dp reduction, host): "
+                        "time_*_s fields in metrics.jsonl and a table at the end")
     p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
                    help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
     g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")

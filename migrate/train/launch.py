@@ -67,7 +67,7 @@ def msrun_command(devices: int, cluster: Cluster, port: int, log_dir: Path, work
 
 
 def worker_args(config: Path, out: Path, log_dir: Path, layout, resume: Path | None = None,
-                mode: str = "graph", threads: int = 0) -> list[str]:
+                mode: str = "graph", threads: int = 0, profile: bool = False) -> list[str]:
     args = ["--config", str(Path(config).resolve()), "--out", str(Path(out).resolve()),
             "--log-dir", str(Path(log_dir).resolve()), "--mode", mode, "--threads", str(threads),
             "--dp", str(layout.dp), "--mp", str(layout.mp), "--pp", str(layout.pp),
@@ -76,6 +76,8 @@ def worker_args(config: Path, out: Path, log_dir: Path, layout, resume: Path | N
         args.append("--optimizer-shard")
     if resume is not None:
         args += ["--resume", str(Path(resume).resolve())]
+    if profile:
+        args.append("--profile")
     return args
 
 
@@ -137,7 +139,7 @@ STOPPED = "stopped by msrun"
 
 
 def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume: Path | None = None,
-           mode: str = "graph", echo=print, env: dict | None = None) -> LaunchResult:
+           mode: str = "graph", echo=print, env: dict | None = None, profile: bool = False) -> LaunchResult:
     """Run msrun for this node and wait for it; the result names each rank's exit code and the run's."""
     out = Path(out).resolve()
     log_dir = out / "logs"
@@ -150,7 +152,7 @@ def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume
     port = cluster.master_port or free_port()
     threads = cpu_threads_per_rank(len(ranks))
     command = msrun_command(devices, cluster, port, log_dir,
-                            worker_args(config, out, log_dir, layout, resume, mode, threads))
+                            worker_args(config, out, log_dir, layout, resume, mode, threads, profile))
     echo(f"msrun: {devices} ranks ({len(ranks)} on this node), master {cluster.master_addr or LOCALHOST}:{port}, "
          f"logs in {log_dir}")
     with open(log_dir / MSRUN_LOG, "w") as msrun_log:

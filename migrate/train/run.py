@@ -32,9 +32,10 @@ class RunFailed(MigrateError):
 def run_training(config: str | Path, *, out: str | Path | None = None, resume: str | Path | None = None,
                  mode: str = "graph", dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
                  optimizer_shard: bool = False, cluster: Cluster = Cluster(),
-                 echo: Callable[[str], None] = print, step_faults=()) -> Path:
+                 echo: Callable[[str], None] = print, step_faults=(), profile: bool = False) -> Path:
     """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
-    and, with several processes, rank 0's progress lines."""
+    and, with several processes, rank 0's progress lines. profile: the step-time breakdown
+    (`migrate.train.step_profile`), logged and printed at the end."""
     cfg = RunConfig.load(config)
     layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
     errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)
@@ -51,8 +52,8 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if resume is not None:
         check_resumable(open_checkpoint(resume), cfg, (), layout)  # before any process starts
     if layout.devices == 1 and cluster.nodes == 1:
-        return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults)
-    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo)
+        return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults, profile=profile)
+    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile)
     if result.code != 0:
         raise RunFailed(f"distributed run failed: {result.summary()}", result.code)
     return out_dir

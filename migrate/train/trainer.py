@@ -32,7 +32,9 @@ Writes to the output folder (default cfg.out_dir.ms):
                   -- plus tokens_per_s (this step's tokens / its wall
                   time) and mfu; fp16 adds loss_scale (the scale this step
                   used) and skipped; a step the health watch flags adds health
-                  (its event kinds), and skipped where the policy skipped it
+                  (its event kinds), and skipped where the policy skipped it;
+                  with profile=True the step-time breakdown, time_*_s
+                  (`migrate.train.step_profile`)
   effective_hparams.json  read back from the live MindSpore objects
   health.jsonl, health_batches/  the health watch's events (`migrate.train.health`,
                   `migrate.train.health_log`), decided as the golden script decides
@@ -99,6 +101,7 @@ from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.step_faults import parse_step_faults
+from migrate.train.step_profile import format_breakdown, profile_for
 from migrate.train.steps import PreShiftedLMLoss
 from migrate.train.tensorboard import RunBoard
 
@@ -112,7 +115,7 @@ RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data"
 # ---------- the run ----------
 def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path | None = None, progress: bool = True,
           *, mode: str = "graph", faults=(), peak_flops: float | None = None, log=None,
-          stop_after: int | None = None, parallel=None, step_faults=()) -> Path:
+          stop_after: int | None = None, parallel=None, step_faults=(), profile: bool = False) -> Path:
     """Train on MindSpore; returns the output folder.
 
     resume: a checkpoint folder, or a run folder (its `latest`); the run goes on
@@ -126,6 +129,8 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     `ParallelRun` in a multi-process run (None: one process). step_faults:
     `migrate.train.step_faults` specs, applied where the golden script applies them.
     The health policy `stop` raises `health_log.HealthStop` (exit code 3).
+    profile: time each step's phases behind synchronised calls (`migrate.train.step_profile`),
+    log them as time_*_s fields and print the breakdown table at the end; off, nothing changes.
     """
     if mode not in MODES:
         raise MigrateError(f"unknown mode {mode!r}; use graph or pynative")
@@ -137,7 +142,7 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     ms.set_context(mode=MODES[mode])
     try:
         return _train(cfg, out, resume, progress, mode, faults, peak_flops, log or (lambda line: None), stop_after,
-                      parallel, step_faults, health_echo)
+                      parallel, step_faults, health_echo, profile)
     finally:
         ms.set_context(mode=previous_mode)
 
@@ -160,7 +165,7 @@ def _echo_stderr(line: str) -> None:
 
 
 def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after, parallel, step_faults,
-           health_echo) -> Path:
+           health_echo, profile=False) -> Path:
     layout = run_layout(cfg, parallel)
     writer = parallel is None or parallel.is_writer  # rank 0 alone writes the run folder
     if writer:
@@ -234,6 +239,8 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
     zeros = tuple(Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters)
     eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
     batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
+    # Measurement only; off: no sync, no fields. A CPU graph call returns when it is done (measured).
+    prof = profile_for(profile, None if ms.get_context("device_target") == "CPU" else ms.runtime.synchronize)
     run_start = time.perf_counter() - elapsed0
     sink = metrics_path if writer else os.devnull  # rank 0 alone writes the metrics
     with open(sink, "a") as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar, \
@@ -241,35 +248,41 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
         last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
         for step in range(start, last):
             step_start = time.perf_counter()
+            prof.begin()
             lr = training.schedule.lr(sched_pos) * step_faults.lr_factor(step + 1)
             optimizer.set_lr(lr)
             scale = scaler.scale if scaler is not None else 1.0
             scale_t = Tensor(np.float32(scale))
             acc, losses, step_tokens = zeros, [], 0
             for micro in range(cfg.grad_accum_steps):
-                s, m, rows = next(batches)
-                if (s, m) != (step, micro):  # the pipeline and the loop must never part
-                    raise MigrateError(f"data pipeline at step {s + 1} micro {m}, trainer at {step + 1} {micro}")
-                ids = Tensor(np.ascontiguousarray(rows[:, :-1]))
-                targets = Tensor(np.ascontiguousarray(rows[:, 1:]))
-                loss, acc = training.micro(ids, targets, scale_t, ms.mutable(acc))
-                losses.append(float(loss.asnumpy()))
+                with prof.phase("data"):
+                    s, m, rows = next(batches)
+                    if (s, m) != (step, micro):  # the pipeline and the loop must never part
+                        raise MigrateError(f"data pipeline at step {s + 1} micro {m}, trainer at {step + 1} {micro}")
+                    ids = Tensor(np.ascontiguousarray(rows[:, :-1]))
+                    targets = Tensor(np.ascontiguousarray(rows[:, 1:]))
+                with prof.phase("fwd_bwd"):
+                    loss, acc = training.micro(ids, targets, scale_t, ms.mutable(acc))
+                    losses.append(float(loss.asnumpy()))
                 step_tokens += int(rows[:, 1:].size) * layout.dp  # every dp rank reads as many
             tokens += step_tokens
             step_loss = sum(losses) / len(losses)
             if parallel is not None:
-                acc = parallel.reduce_grads(acc)
-                step_loss = parallel.mean_over_ranks(step_loss)
+                with prof.phase("reduce"):
+                    acc = parallel.reduce_grads(acc)
+                    step_loss = parallel.mean_over_ranks(step_loss)
             if step_faults.poison_grad(step + 1):  # before unscaling, as the golden: fp16's scaler sees it
                 acc = _poisoned(acc)
-            grads, norm, all_finite = clipper(acc, scaler.inv_scale if scaler is not None else 1.0)
-            norm, all_finite = float(norm.asnumpy()), bool(all_finite.asnumpy())
+            with prof.phase("clip"):
+                grads, norm, all_finite = clipper(acc, scaler.inv_scale if scaler is not None else 1.0)
+                norm, all_finite = float(norm.asnumpy()), bool(all_finite.asnumpy())
             verdict = health.step(StepFacts(step + 1, _finite(step_loss), _finite(norm), lr,
                                             scale if scaler is not None else None), losses, order[step])
             # fp16 overflow, or the health policy skips (or stops at) this step: no optimizer, no scheduler step
             skipped = (scaler is not None and not all_finite) or verdict.action != "continue"
             if not skipped:
-                optimizer.step(grads)
+                with prof.phase("optimizer"):
+                    optimizer.step(grads)
                 sched_pos += 1
             if scaler is not None:
                 scaler.update(found_inf=not all_finite)
@@ -285,6 +298,7 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                 record["skipped"] = True
             if verdict.events:
                 record["health"] = [e.kind for e in verdict.events]
+            record.update(prof.end(now - step_start))
             line = json.dumps(record) + "\n"
             metrics.write(line)
             metrics.flush()
@@ -304,6 +318,9 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                          "rng": rng_state(), "faults": list(faults), "keymap": training.keymap.name,
                          "mode": mode, "config": cfg.to_dict(), "parallel": _parallel_state(layout)}
                 _save(out, step + 1, training, state, metrics_lines, cfg, parallel)
+    if profile and writer:
+        health_echo(format_breakdown([json.loads(line) for line in metrics_lines if line.strip()],
+                                     "MindSpore trainer step time"))
     return out
 
 

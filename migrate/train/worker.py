@@ -43,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--optimizer-shard", action="store_true")
+    p.add_argument("--profile", action="store_true", help="time each step's phases (migrate.train.step_profile)")
     p.add_argument("--threads", type=int, default=0, help="CPU kernel threads of this rank (0: MindSpore's default)")
     return p.parse_args(argv)
 
@@ -109,7 +110,8 @@ def _run(args) -> int:
         if kill_at is not None and line.startswith(f"step {kill_at}/"):
             os.kill(os.getpid(), signal.SIGKILL)  # the test hook: die as the OOM killer would, mid-run
 
-    train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel, log=log)
+    train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel, log=log,
+          profile=args.profile)
     print(f"{prefix}: done", flush=True)
     return 0
 
