@@ -35,20 +35,20 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 BIG = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=12,
            num_key_value_heads=12, max_position_embeddings=256, rms_norm_eps=1e-5)
-BIG_RUN = """\
-hf_model: hf
-ms_model: ms
-data: data
-seq_length: 256
-micro_batch_size: 2
-grad_accum_steps: 1
-total_steps: 50
-max_grad_norm: 1.0
-seed: 0
-optimizer: {lr: 2.0e-4, weight_decay: 0.1}
-schedule: {name: cosine, warmup_steps: 1, min_lr_rate: 0.1}
-out_dir: {golden: runs/golden, ms: runs/ms}
-"""
+
+
+def big_run_yaml() -> str:
+    """The demo's run.yaml at the matmul-bound size: seq 256, micro batch 2, no accumulation."""
+    from migrate.demo_train import RUN_YAML
+
+    changes = {"seq_length: 64": "seq_length: 256", "micro_batch_size: 4": "micro_batch_size: 2",
+               "grad_accum_steps: 2": "grad_accum_steps: 1", "lr: 2.0e-3": "lr: 2.0e-4",
+               "warmup_steps: 5": "warmup_steps: 1"}
+    for old, new in changes.items():
+        assert old in RUN_YAML, old
+        RUN_YAML = RUN_YAML.replace(old, new)
+    return RUN_YAML
+
 MATMUL = (2048, 1024, 4096)  # (m, k, n): 2 m k n flops
 
 
@@ -74,7 +74,7 @@ def prepare_big(root: Path, demo: Path) -> Path:
         shutil.copy2(f, root / "hf" / f.name)
     convert(root / "hf", root / "ms")
     tokenize_corpus(sorted((demo / "corpus").rglob("*.txt")), root / "hf", 256, root / "data")
-    (root / "run.yaml").write_text(BIG_RUN)
+    (root / "run.yaml").write_text(big_run_yaml())
     return root / "run.yaml"
 
 

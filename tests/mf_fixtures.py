@@ -9,24 +9,13 @@ import json
 from pathlib import Path
 
 from hf_fixtures import build_hf_model, save_hf_model
+from train_setup import RUN as TRAIN_RUN
 
 from migrate.convert import convert
 
-RUN = """\
-hf_model: hf
-ms_model: ms
-data: data
-seq_length: 16
-micro_batch_size: 4
-grad_accum_steps: 2
-total_steps: 40
-max_grad_norm: 1.0
-seed: 3
-shuffle: false
-optimizer: {lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
-schedule: {name: cosine, warmup_steps: 5, min_lr_rate: 0.1}
-out_dir: {golden: golden, ms: ms_out}
-"""
+# train_setup's run.yaml, with a seed and no shuffling (MindFormers' dataset order) and betas of its own.
+RUN = (TRAIN_RUN.replace("total_steps: 200", "total_steps: 40").replace("data_seed: 5", "seed: 3\nshuffle: false")
+       .replace("lr: 3e-3,", "lr: 3.0e-3, betas: [0.9, 0.95],").replace("warmup_steps: 20", "warmup_steps: 5"))
 
 
 def make_mf_root(root: Path, run_yaml: str = RUN) -> Path:
