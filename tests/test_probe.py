@@ -109,6 +109,14 @@ def test_dumps_from_other_processes_reproduce_the_live_verdict(world):
     assert Dump(world / "d_hf").manifest["inputs"]["sha256"] == Dump(world / "d_ms").manifest["inputs"]["sha256"]
 
 
+def test_a_tensor_dump_against_a_statistics_dump_passes_the_clean_pair(world):
+    """Mixed modes: the tensor dump is summarised on the fly, its 0-d loss included (safe_open
+    hands a 0-d tensor back as (1,), which once failed the loss on shape alone)."""
+    for ref, got in (("d_hf_stats", "d_ms"), ("d_hf", "hand_clean_stats")):
+        report = compare_any(str(world / ref), str(world / got), detail=True)
+        assert report.passed, (ref, got, [e.name for e in report.entries if not e.passed])
+
+
 def test_hand_port_pairs_with_hf_without_a_mapping_file(world):
     os.environ["HAND_PORT_FAULT"] = ""
     live = compare_any(str(world / "hf"), HAND, inputs_file=world / "in.npz", detail=True)

@@ -128,7 +128,8 @@ class Dump:
             if not path.is_file():
                 raise MigrateError(f"{self.folder}: {file} missing (named by {MODULES})")
             self._open[file] = safe_open(str(path), framework="numpy")
-        return self._open[file].get_tensor(key)
+        # safe_open hands a 0-d tensor (a loss) back as (1,): the record's shape is the tensor's.
+        return self._open[file].get_tensor(key).reshape(self._by_key[key]["shape"])
 
     def stats(self, key: str) -> dict:
         record = self._by_key[key]
