@@ -3,7 +3,7 @@ MindSpore trainer, each with torch's semantics and each exposing its knobs as
 attributes of the live object (what `migrate hparams` reads):
 
   AdamW          eps, betas, bias_correction, param_groups[i]["weight_decay" | "names"]
-  GradClipper    max_norm, eps (torch's clip_grad_norm_ adds 1e-6 to the norm); clipped_norm
+  GradClipper    max_norm, eps (torch's clip_grad_norm_ adds 1e-6 to the norm), unscale
   LrSchedule     name, num_warmup_steps, num_training_steps, kwargs, base_lr; lr(i)
   (the loss divisor of accumulation lives on steps.MicroStep.loss_divisor)
 
@@ -122,13 +122,26 @@ class AdamW:
                 "decays": [1 - lr * g["weight_decay"] for g in self.param_groups]}
 
     def step(self, grads) -> None:
+        """One optimizer step on `grads` (in the order of `self.parameters`), as its own graph."""
+        self._update(ms.mutable(tuple(grads)), *self.advance())
+
+    def advance(self) -> tuple:
+        """Count one optimizer step and return its arguments for `update` (a graph that embeds
+        `update` steps the optimizer inside it, `migrate.train.optimizer_step`)."""
         self.step_count += 1
-        s = self.scalars(self.step_count)
+        return self.step_args(self.step_count)
+
+    def step_args(self, step: int) -> tuple:
+        """(decays, w1, b2, w2, neg_step, bc2_sqrt, eps) of optimizer step `step` as fp32 tensors."""
+        s = self.scalars(step)
         group_decay = [Tensor(np.float32(d)) for d in s["decays"]]
-        decays = tuple(group_decay[g] for g in self._group_of)
-        f = {k: Tensor(np.float32(s[k])) for k in ("w1", "b2", "w2", "neg_step", "bc2_sqrt", "eps")}
-        self._update(ms.mutable(tuple(grads)), ms.mutable(decays), f["w1"], f["b2"], f["w2"], f["neg_step"],
-                     f["bc2_sqrt"], f["eps"])
+        decays = ms.mutable(tuple(group_decay[g] for g in self._group_of))
+        return (decays, *(Tensor(np.float32(s[k])) for k in ("w1", "b2", "w2", "neg_step", "bc2_sqrt", "eps")))
+
+    @property
+    def update(self) -> nn.Cell:
+        """The cell that applies one step: update(grads, *step_args) (assigns parameters and moments)."""
+        return self._update
 
     # ---------- state ----------
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -168,84 +181,27 @@ def param_groups(model, cfg: RunConfig, keymap, decay_rule: str = "hf") -> list[
 
 
 # ---------- clipping ----------
-_sq_norm = ops.MultitypeFuncGraph("migrate_sq_norm")
-_all_finite = ops.MultitypeFuncGraph("migrate_all_finite")
-
-
-@_sq_norm.register("Tensor")
-def _sq_norm_one(g):
-    return ops.sqrt(ops.reduce_sum(g * g))
-
-
-@_all_finite.register("Tensor")
-def _all_finite_one(g):
-    return ops.isfinite(g).all()
-
-
-class _NormAndClip(nn.Cell):
-    def __init__(self, unscale: bool, clip: bool):
-        super().__init__(auto_prefix=False)
-        self.unscale = unscale
-        self.clip = clip
-        self.hyper_map = ops.HyperMap()
-
-    def construct(self, grads, inv_scale, max_norm, eps):
-        if self.unscale:
-            grads = self.hyper_map(ops.partial(ops.mul, inv_scale), grads)
-        finite = ops.stack(self.hyper_map(_all_finite, grads)).all()
-        norms = ops.stack(self.hyper_map(_sq_norm, grads))
-        total = ops.sqrt(ops.reduce_sum(norms * norms))
-        clipped_total = total
-        if self.clip:
-            # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
-            coef = ops.reciprocal(total + eps) * max_norm
-            coef = ops.clamp(coef, None, 1.0)
-            grads = self.hyper_map(ops.partial(ops.mul, coef), grads)
-            # Measured on the clipped tensors, as the golden measures torch's after clip_grad_norm_.
-            clipped = ops.stack(self.hyper_map(_sq_norm, grads))
-            clipped_total = ops.sqrt(ops.reduce_sum(clipped * clipped))
-        return grads, total, finite, clipped_total
-
-
 class GradClipper:
-    """torch.nn.utils.clip_grad_norm_ (norm type 2) over the accumulated gradients.
+    """torch.nn.utils.clip_grad_norm_ (norm type 2) over the accumulated gradients: the knobs.
 
-    Returns the clipped gradients, the total norm before clipping (what both
-    sides log as grad_norm) and whether every gradient is finite. With a loss
-    scale the gradients are first unscaled (GradScaler.unscale_). `max_norm`
-    None or 0: nothing is clipped, the norm is still computed.
-
-    `clipped_norm` is the total norm of the gradients the last call returned,
-    measured on those tensors (logged as grad_norm_clipped). It is the one
-    figure that shows the clip epsilon: AdamW is nearly blind to a gradient
-    scale of 1 + 1e-6 / norm, so the loss curve is too.
+    The graphs that measure and clip live in `migrate.train.optimizer_step`. With a
+    loss scale the gradients are first unscaled (GradScaler.unscale_). `max_norm`
+    None or 0: nothing is clipped, the norm is still computed. The clipped norm is
+    measured on the clipped tensors (logged as grad_norm_clipped): it is the one
+    figure that shows the clip epsilon, since AdamW is nearly blind to a gradient
+    scale of 1 + 1e-6 / norm, and so is the loss curve.
     """
 
     def __init__(self, max_norm: float | None, eps: float = TORCH_CLIP_EPS, unscale: bool = False):
         self.max_norm = float(max_norm) if max_norm else None
         self.eps = float(eps)
         self.unscale = unscale
-        self._cell = _NormAndClip(unscale, self.max_norm is not None)
-        self._clipped_norm = None
-
-    @property
-    def clipped_norm(self) -> float:
-        """Total norm of the gradients the last call returned (after clipping)."""
-        if self._clipped_norm is None:
-            raise MigrateError("GradClipper has not been called yet")
-        return float(self._clipped_norm.asnumpy())
 
     def coefficient(self, total_norm: float) -> float:
         """The clip coefficient for a total norm (Python doubles; for reports and probes)."""
         if self.max_norm is None:
             return 1.0
         return min(self.max_norm / (total_norm + self.eps), 1.0)
-
-    def __call__(self, grads, inv_scale: float = 1.0):
-        grads, total, finite, self._clipped_norm = self._cell(
-            ms.mutable(tuple(grads)), Tensor(np.float32(inv_scale)), Tensor(np.float32(self.max_norm or 0.0)),
-            Tensor(np.float32(self.eps)))
-        return grads, total, finite
 
 
 # ---------- schedule ----------

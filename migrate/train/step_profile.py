@@ -23,8 +23,9 @@ from typing import Callable
 # The phases both trainers name, in table order; a trainer may leave some out.
 PHASES = ("data", "fwd_bwd", "reduce", "clip", "optimizer")
 LABELS = {"data": "data loading (batch -> tensors)", "fwd_bwd": "forward + backward (+ accumulation)",
-          "reduce": "gradient reduction (dp)", "clip": "unscale, grad norm and clipping",
-          "optimizer": "optimizer (AdamW)", "host": "host overhead (Python, lr, health, logging)"}
+          "reduce": "gradient reduction (dp)", "clip": "unscale, grad norm (golden: and clip)",
+          "optimizer": "optimizer (AdamW); MindSpore: clip + AdamW",
+          "host": "host overhead (Python, lr, health, logging)"}
 
 
 def field_name(phase: str) -> str:

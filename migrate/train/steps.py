@@ -6,7 +6,9 @@ The trainer (`migrate.train.trainer`), evaluation and the parallel wiring
 """
 from __future__ import annotations
 
-from mindspore import ParameterTuple, nn, ops
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, nn, ops
+from mindspore.common.initializer import initializer
 
 from migrate.models.common import masked_lm_loss
 from migrate.parallel.layout import Layout
@@ -19,8 +21,18 @@ def causal_lm_loss(logits, targets, vocab_size: int):
     return masked_lm_loss(logits, targets, vocab_size, IGNORE_INDEX)
 
 
+_accumulate = ops.MultitypeFuncGraph("migrate_accumulate")
+
+
+@_accumulate.register("Tensor", "Tensor")
+def _accumulate_one(acc, grad):
+    return ops.assign_add(acc, grad)
+
+
 class MicroStep(nn.Cell):
-    """One micro-batch: (loss, acc + d(loss / loss_divisor * scale)/d params)."""
+    """One micro-batch: returns its loss and adds d(loss / loss_divisor * scale)/d params into
+    `grads`, fp32 Parameters zeroed after each optimizer step (`optimizer_step.ClipAndStep`).
+    In place: a tuple of gradients returned per micro-batch costs a graph output per parameter."""
 
     def __init__(self, model, params, loss_divisor: int):
         super().__init__(auto_prefix=False)
@@ -28,6 +40,8 @@ class MicroStep(nn.Cell):
         self.vocab_size = model.vocab_size
         self.loss_divisor = loss_divisor
         self.weights = ParameterTuple(params)
+        self.grads = ParameterTuple([Parameter(initializer("zeros", p.shape, ms.float32), name="grad_acc." + p.name,
+                                               requires_grad=False) for p in params])
         self.grad_fn = ops.value_and_grad(self.forward, None, self.weights, has_aux=True)
         self.hyper_map = ops.HyperMap()
 
@@ -36,9 +50,9 @@ class MicroStep(nn.Cell):
         loss = causal_lm_loss(logits, targets, self.vocab_size)
         return loss / self.loss_divisor * scale, loss
 
-    def construct(self, input_ids, targets, scale, acc):
+    def construct(self, input_ids, targets, scale):
         (_, loss), grads = self.grad_fn(input_ids, targets, scale)
-        return loss, self.hyper_map(ops.add, acc, grads)
+        return ops.depend(loss, self.hyper_map(_accumulate, self.grads, grads))
 
 
 class PreShiftedLMLoss(nn.Cell):

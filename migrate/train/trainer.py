@@ -11,12 +11,15 @@ Per optimizer step s (1-based), exactly as the golden script:
     (`migrate.train.ms_data`); the model reads row[:-1], the targets are
     row[1:], the loss is HF's mean token cross-entropy on fp32 logits;
   * gradients of loss / grad_accum_steps (times the loss scale in fp16) are
-    summed over the micro-batches (`MicroStep`, its `loss_divisor`);
+    summed over the micro-batches into the micro-step's accumulators (`MicroStep`,
+    its `loss_divisor`);
   * fp16: unscale, then skip the step on inf/nan (GradScaler semantics,
     `precision.DynamicLossScaler`);
   * clip_grad_norm_ semantics (`optim.GradClipper`; the pre-clip norm is
     logged), then torch-semantics AdamW (`optim.AdamW`) over HF Trainer's
-    decay / no-decay groups carried through the keymap.
+    decay / no-decay groups carried through the keymap. The step runs as two
+    graphs around the host's decision (`optimizer_step.OptimizerStep`): the
+    norm, then clip + AdamW + the accumulators zeroed.
 
 Precision: fp32; bf16/fp16 as torch.autocast over fp32 weights
 (`precision.autocast_model`), so the parameters are the fp32 master weights.
@@ -99,6 +102,7 @@ from migrate.train.health import HealthWatch, StepFacts
 from migrate.train.health_log import HealthLog, replay
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
+from migrate.train.optimizer_step import OptimizerStep
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.step_faults import parse_step_faults
 from migrate.train.step_profile import format_breakdown, profile_for
@@ -236,7 +240,7 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
     health = HealthLog(watch, out if writer else None, cfg.data, cfg.seq_length,
                        health_echo if writer else (lambda line: None), start_step=start)
     board = RunBoard(out if writer and cfg.tensorboard else None, start)
-    zeros = tuple(Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters)
+    update = OptimizerStep(clipper, optimizer, training.micro.grads)  # after wire_parallel: pp swaps the micro-step
     eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
     batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
     # Measurement only; off: no sync, no fields. A CPU graph call returns when it is done (measured).
@@ -253,7 +257,7 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
             optimizer.set_lr(lr)
             scale = scaler.scale if scaler is not None else 1.0
             scale_t = Tensor(np.float32(scale))
-            acc, losses, step_tokens = zeros, [], 0
+            losses, step_tokens = [], 0
             for micro in range(cfg.grad_accum_steps):
                 with prof.phase("data"):
                     s, m, rows = next(batches)
@@ -262,34 +266,34 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
                     ids = Tensor(np.ascontiguousarray(rows[:, :-1]))
                     targets = Tensor(np.ascontiguousarray(rows[:, 1:]))
                 with prof.phase("fwd_bwd"):
-                    loss, acc = training.micro(ids, targets, scale_t, ms.mutable(acc))
+                    loss = training.micro(ids, targets, scale_t)
                     losses.append(float(loss.asnumpy()))
                 step_tokens += int(rows[:, 1:].size) * layout.dp  # every dp rank reads as many
             tokens += step_tokens
             step_loss = sum(losses) / len(losses)
             if parallel is not None:
                 with prof.phase("reduce"):
-                    acc = parallel.reduce_grads(acc)
+                    update.replace_grads(parallel.reduce_grads(tuple(p.value() for p in update.grads)))
                     step_loss = parallel.mean_over_ranks(step_loss)
             if step_faults.poison_grad(step + 1):  # before unscaling, as the golden: fp16's scaler sees it
-                acc = _poisoned(acc)
+                update.poison_first()
             with prof.phase("clip"):
-                grads, norm, all_finite = clipper(acc, scaler.inv_scale if scaler is not None else 1.0)
-                norm, all_finite = float(norm.asnumpy()), bool(all_finite.asnumpy())
+                norm = update.measure(scaler.inv_scale if scaler is not None else 1.0)
+                all_finite = update.all_finite(norm) if scaler is not None else math.isfinite(norm)
             verdict = health.step(StepFacts(step + 1, _finite(step_loss), _finite(norm), lr,
                                             scale if scaler is not None else None), losses, order[step])
             # fp16 overflow, or the health policy skips (or stops at) this step: no optimizer, no scheduler step
             skipped = (scaler is not None and not all_finite) or verdict.action != "continue"
+            with prof.phase("optimizer"):
+                clipped_norm = update.finish(apply=not skipped)  # skipped: the clipped norm alone
             if not skipped:
-                with prof.phase("optimizer"):
-                    optimizer.step(grads)
                 sched_pos += 1
             if scaler is not None:
                 scaler.update(found_inf=not all_finite)
             now = time.perf_counter()
             tokens_per_s = step_tokens / max(now - step_start, 1e-9)
             record = {"step": step + 1, "loss": _finite(step_loss), "lr": lr,
-                      "grad_norm": _finite(norm), "grad_norm_clipped": _finite(clipper.clipped_norm),
+                      "grad_norm": _finite(norm), "grad_norm_clipped": _finite(clipped_norm),
                       "tokens": tokens, "time": round(now - run_start, 4),
                       "tokens_per_s": round(tokens_per_s, 3), "mfu": _finite(fpt * tokens_per_s / peak["peak_flops"])}
             if scaler is not None:
@@ -414,13 +418,6 @@ def _check_resume_state(checkpoint) -> None:
     if not ok:
         raise MigrateError(f"cannot resume from {checkpoint.path}: {RNG_FILE} does not hold the Python, numpy and "
                            f"MindSpore generator states")
-
-
-def _poisoned(acc):
-    """The accumulated gradients with a NaN in the first one's first element (step_faults nan_grad)."""
-    first = acc[0].asnumpy().copy()
-    first.reshape(-1)[0] = np.nan
-    return (Tensor(first), *acc[1:])
 
 
 def _finite(x: float):

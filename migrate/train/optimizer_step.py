@@ -1,0 +1,179 @@
+"""The optimizer step after the micro-batches: two compiled graphs around the host's decision.
+
+    step = OptimizerStep(clipper, optimizer, grads)  # grads: the MicroStep's accumulators
+    norm = step.measure(inv_scale)     # graph 1: total gradient norm (unscaled first in fp16)
+    finite = step.all_finite(norm)     # fp16 only: GradScaler's inf/nan check
+    ... the health watch and the fp16 scaler decide on the host ...
+    clipped = step.finish(apply)       # graph 2: clip, clipped norm, AdamW when apply, accumulators zeroed
+
+The accumulated gradients never leave the device as a tuple: the micro-steps add into
+Parameters (`steps.MicroStep.grads`), these graphs read them in place and the second one
+zeroes them for the next step. What this costs against one graph for the whole step is
+measured by `bench/ms_floor.py`, which runs these same cells inside one graph.
+
+Numbers, as torch forms them: the norm is clip_grad_norm_'s (the norm of the per-tensor
+norms), the coefficient is max_norm * reciprocal(norm + eps) clamped at 1, the gradients are
+multiplied by it, and the clipped norm is measured on the clipped tensors. Each per-tensor
+norm sums rows first: MindSpore's CPU ReduceSum over a whole tensor runs on one thread
+(measured 12x slower at 115 M parameters); the result differs only in rounding.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+_norm = ops.MultitypeFuncGraph("migrate_norm")
+_all_finite = ops.MultitypeFuncGraph("migrate_all_finite")
+_zero_after = ops.MultitypeFuncGraph("migrate_zero_after")
+
+
+@_norm.register("Tensor")
+def _norm_one(g):
+    rows = g.reshape(-1, g.shape[-1]) if len(g.shape) > 1 else g.reshape(1, -1)
+    return ops.sqrt(ops.reduce_sum(rows * rows, 1).sum())
+
+
+@_all_finite.register("Tensor")
+def _all_finite_one(g):
+    return ops.isfinite(g).all()
+
+
+@_zero_after.register("Tuple", "Tensor")
+def _zero_after_one(done, g):
+    return ops.assign(g, ops.depend(ops.zeros_like(g), done))
+
+
+def _total_norm(hyper_map, grads):
+    norms = ops.stack(hyper_map(_norm, grads))
+    return ops.sqrt(ops.reduce_sum(norms * norms))
+
+
+def grad_norm(hyper_map, grads, inv_scale, unscale: bool):
+    """clip_grad_norm_'s total norm of `grads`, unscaled first when a loss scale is on (traced in a graph)."""
+    if unscale:
+        grads = hyper_map(ops.partial(ops.mul, inv_scale), grads)
+    return _total_norm(hyper_map, grads)
+
+
+def clip_and_step(hyper_map, grads, unscale: bool, clip: bool, update, inv_scale, total, max_norm, eps, adam_args):
+    """(clipped norm, what `update` returned): unscale, clip by `total`, measure, step (traced in a graph)."""
+    if unscale:
+        grads = hyper_map(ops.partial(ops.mul, inv_scale), grads)
+    clipped = total
+    if clip:
+        # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
+        coef = ops.clamp(ops.reciprocal(total + eps) * max_norm, None, 1.0)
+        grads = hyper_map(ops.partial(ops.mul, coef), grads)
+        clipped = _total_norm(hyper_map, grads)
+    done = ()
+    if update is not None:
+        done = update(grads, *adam_args)
+    return clipped, done
+
+
+class GradNorm(nn.Cell):
+    """Total norm of the accumulated gradients (graph 1)."""
+
+    def __init__(self, grads, unscale: bool):
+        super().__init__(auto_prefix=False)
+        self.grads = grads
+        self.unscale = unscale
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, inv_scale):
+        return grad_norm(self.hyper_map, self.grads, inv_scale, self.unscale)
+
+
+class AllFinite(nn.Cell):
+    """GradScaler's check: every element of every unscaled gradient finite."""
+
+    def __init__(self, grads):
+        super().__init__(auto_prefix=False)
+        self.grads = grads
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, inv_scale):
+        grads = self.hyper_map(ops.partial(ops.mul, inv_scale), self.grads)
+        return ops.stack(self.hyper_map(_all_finite, grads)).all()
+
+
+class ClipAndStep(nn.Cell):
+    """Clip the accumulated gradients, measure the clipped norm, step the optimizer (`update`;
+    None: no step) and zero the accumulators (graph 2)."""
+
+    def __init__(self, grads, unscale: bool, clip: bool, update=None):
+        super().__init__(auto_prefix=False)
+        self.grads = grads
+        self.unscale = unscale
+        self.clip = clip
+        self.update = update
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, inv_scale, total, max_norm, eps, decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps):
+        clipped, done = clip_and_step(self.hyper_map, self.grads, self.unscale, self.clip, self.update, inv_scale,
+                                      total, max_norm, eps, (decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps))
+        zeroed = self.hyper_map(ops.partial(_zero_after, done), self.grads)  # after the update read them
+        return ops.depend(clipped, zeroed)
+
+
+class OptimizerStep:
+    """Clip the accumulated gradients and step AdamW on them (see the module docstring).
+
+    `grads`: the ParameterTuple the micro-steps accumulate into, in the order of
+    `optimizer.parameters`.
+    """
+
+    def __init__(self, clipper, optimizer, grads):
+        self.clipper = clipper
+        self.optimizer = optimizer
+        self.grads = grads
+        clip = clipper.max_norm is not None
+        self.norm_cell = GradNorm(grads, clipper.unscale)
+        self.step_cell = ClipAndStep(grads, clipper.unscale, clip, optimizer.update)
+        self._skip_cell = None   # built on the first skipped step
+        self._finite_cell = None  # built on the first fp16 step whose norm is not finite
+        self._inv_scale = self._total = None
+
+    def measure(self, inv_scale: float = 1.0) -> float:
+        """The total gradient norm before clipping (graph 1)."""
+        self._inv_scale = Tensor(np.float32(inv_scale))
+        self._total = self.norm_cell(self._inv_scale)
+        return float(self._total.asnumpy())
+
+    def all_finite(self, norm: float) -> bool:
+        """Every unscaled gradient element finite. A finite norm says so at no cost (a square
+        of a non-finite element is not finite); otherwise each element is checked, as GradScaler
+        does, so a finite gradient whose squares overflow still steps."""
+        if math.isfinite(norm):
+            return True
+        if self._finite_cell is None:
+            self._finite_cell = AllFinite(self.grads)
+        return bool(self._finite_cell(self._inv_scale).asnumpy())
+
+    def finish(self, apply: bool) -> float:
+        """Clip and (apply) step AdamW; the accumulators are zeroed either way. Returns the clipped norm."""
+        if apply:
+            cell, args = self.step_cell, self.optimizer.advance()
+        else:
+            if self._skip_cell is None:
+                self._skip_cell = ClipAndStep(self.grads, self.clipper.unscale, self.clipper.max_norm is not None)
+            cell, args = self._skip_cell, self.optimizer.step_args(self.optimizer.step_count + 1)
+        clipped = cell(self._inv_scale, self._total, *self.clip_args(), *args)
+        return float(clipped.asnumpy())
+
+    def clip_args(self) -> tuple:
+        return Tensor(np.float32(self.clipper.max_norm or 0.0)), Tensor(np.float32(self.clipper.eps))
+
+    def replace_grads(self, values) -> None:
+        """Write reduced (data-parallel) gradients back into the accumulators."""
+        for buffer, value in zip(self.grads, values):
+            buffer.set_data(value)
+
+    def poison_first(self) -> None:
+        """A NaN in the first gradient's first element (step fault nan_grad, before unscaling)."""
+        first = self.grads[0].asnumpy().copy()
+        first.reshape(-1)[0] = np.nan
+        self.grads[0].set_data(Tensor(first))
+
