@@ -16,40 +16,11 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor
 
 from migrate.data.samples import load_samples, run_order
 from migrate.train.building import build_training
-from migrate.train.optimizer_step import clip_and_step, grad_norm
-
-
-class FloorStep(nn.Cell):
-    """accum × (forward + backward), grad norm, clip, AdamW: one graph, one launch per optimizer step.
-
-    The gradients stay values inside the graph (no accumulator Parameters to write, read back
-    and zero): the least the step's work costs as MindSpore compiles it.
-    """
-
-    def __init__(self, training, accum: int):
-        super().__init__(auto_prefix=False)
-        micro, clipper = training.micro, training.clipper
-        self.grad_fn = ops.value_and_grad(micro.forward, None, micro.weights, has_aux=True)  # MicroStep's loss
-        self.update = training.optimizer.update   # _AdamWUpdate (assigns params and moments)
-        self.unscale, self.clip = clipper.unscale, clipper.max_norm is not None
-        self.accum = accum
-        self.hyper_map = ops.HyperMap()
-
-    def construct(self, ids, targets, scale, inv_scale, max_norm, eps, decays, w1, b2, w2, neg_step, bc2_sqrt,
-                  adam_eps):
-        (_, losses), grads = self.grad_fn(ids[0], targets[0], scale)
-        for i in range(1, self.accum):  # unrolled at compile time
-            (_, loss), more = self.grad_fn(ids[i], targets[i], scale)
-            losses = losses + loss
-            grads = self.hyper_map(ops.add, grads, more)
-        total = grad_norm(self.hyper_map, grads, inv_scale, self.unscale)
-        clipped, done = clip_and_step(self.hyper_map, grads, self.unscale, self.clip, self.update, inv_scale, total,
-                                      max_norm, eps, (decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps))
-        return ops.depend(losses / self.accum, done), clipped  # the update's assigns are part of the output
+from migrate.train.optimizer_step import WholeStep
 
 
 def floor_step_times(cfg, steps: int) -> tuple[list[float], list[float]]:
@@ -66,7 +37,7 @@ def _run(cfg, steps: int) -> tuple[list[float], list[float]]:
     ms.set_seed(cfg.seed)
     training = build_training(cfg)
     opt, clipper = training.optimizer, training.clipper
-    cell = FloorStep(training, cfg.grad_accum_steps)
+    cell = WholeStep(training.micro, training.clipper, opt, cfg.grad_accum_steps)
     rows = load_samples(cfg.data, cfg.seq_length)
     order = run_order(cfg, len(rows))
     f32 = lambda x: Tensor(np.float32(x))  # noqa: E731
@@ -78,8 +49,9 @@ def _run(cfg, steps: int) -> tuple[list[float], list[float]]:
         opt.set_lr(training.schedule.lr(step))
         args = opt.advance()
         start = time.perf_counter()
-        loss, _ = cell(ids, targets, f32(1.0), f32(1.0), f32(clipper.max_norm or 0.0), f32(clipper.eps), *args)
-        losses.append(float(loss.asnumpy()))
+        micro_losses, _, _ = cell(ids, targets, f32(1.0), f32(1.0), f32(clipper.max_norm or 0.0), f32(clipper.eps),
+                                  *args)
+        losses.append(float(np.mean(micro_losses.asnumpy().astype(np.float64))))
         if ms.get_context("device_target") != "CPU":  # a CPU graph call returns when done
             ms.runtime.synchronize()
         times.append(time.perf_counter() - start)

@@ -1,8 +1,13 @@
 """The trainer's optimizer step (`migrate.train.optimizer_step`): the gradients accumulated in
 place, measured, clipped and stepped as torch's clip_grad_norm_ + AdamW step them, the
-accumulators zeroed after every step (taken or skipped), and GradScaler's finite check exact.
+accumulators zeroed after every step (taken or skipped), GradScaler's finite check exact, and
+the whole step as one graph only where no host decision can intervene. (That the one graph
+gives the split graphs' numbers bit for bit: tests/test_step_profile.py, whose profiled run
+is split and whose plain run is one graph.)
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import mindspore as ms
 import numpy as np
@@ -11,7 +16,7 @@ import torch
 from mindspore import Parameter, ParameterTuple, Tensor
 
 from migrate.train.optim import AdamW, GradClipper
-from migrate.train.optimizer_step import OptimizerStep
+from migrate.train.optimizer_step import OptimizerStep, one_graph_refusals
 
 SHAPES = [(6, 5), (5,), (3, 4, 2)]
 
@@ -98,3 +103,32 @@ def test_unscaled_before_measuring_and_clipping():
     _, _, _, scaled = _setup("scaled", [g * 1024 for g in grads], unscale=True)
     assert scaled.measure(inv_scale=1 / 1024) == pytest.approx(plain.measure(), rel=1e-6)
     assert scaled.finish(apply=True) == pytest.approx(plain.finish(apply=True), rel=1e-6)
+
+
+def _run(**changes):
+    cfg = SimpleNamespace(health=SimpleNamespace(policy="warn"), grad_accum_steps=2)
+    for key, value in changes.items():
+        setattr(cfg.health if key == "policy" else cfg, key, value)
+    params = [SimpleNamespace(shape=(1000, 1000))]
+    return SimpleNamespace(cfg=cfg, scaler=None, model=SimpleNamespace(get_parameters=lambda: iter(params)))
+
+
+@pytest.mark.parametrize("change, why", [
+    ({}, None),
+    ({"scaler": object()}, "fp16"),
+    ({"policy": "skip"}, "health policy skip"),
+    ({"parallel": object()}, "several processes"),
+    ({"poisons": True}, "nan_grad"),
+    ({"profile": True}, "--profile"),
+    ({"grad_accum_steps": 9}, "9 micro-batches"),
+    ({"big": True}, "40 M parameters"),
+])
+def test_one_graph_only_where_no_host_decision_can_intervene(change, why):
+    training = _run(**{k: v for k, v in change.items() if k in ("policy", "grad_accum_steps")})
+    if "scaler" in change:
+        training.scaler = change["scaler"]
+    if "big" in change:
+        training.model = SimpleNamespace(get_parameters=lambda: iter([SimpleNamespace(shape=(40_000, 1000))]))
+    reasons = one_graph_refusals(training, **{k: v for k, v in change.items() if k in ("parallel", "poisons",
+                                                                                       "profile")})
+    assert reasons == [] if why is None else (len(reasons) == 1 and why in reasons[0])

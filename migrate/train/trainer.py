@@ -17,9 +17,9 @@ Per optimizer step s (1-based), exactly as the golden script:
     `precision.DynamicLossScaler`);
   * clip_grad_norm_ semantics (`optim.GradClipper`; the pre-clip norm is
     logged), then torch-semantics AdamW (`optim.AdamW`) over HF Trainer's
-    decay / no-decay groups carried through the keymap. The step runs as two
-    graphs around the host's decision (`optimizer_step.OptimizerStep`): the
-    norm, then clip + AdamW + the accumulators zeroed.
+    decay / no-decay groups carried through the keymap. The step runs as one
+    graph where nothing on the host can intervene, else as micro-step graphs
+    and two graphs around the host's decision (`optimizer_step.step_graphs`).
 
 Precision: fp32; bf16/fp16 as torch.autocast over fp32 weights
 (`precision.autocast_model`), so the parameters are the fp32 master weights.
@@ -102,7 +102,7 @@ from migrate.train.health import HealthWatch, StepFacts
 from migrate.train.health_log import HealthLog, replay
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
-from migrate.train.optimizer_step import OptimizerStep
+from migrate.train.optimizer_step import step_graphs
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.step_faults import parse_step_faults
 from migrate.train.step_profile import format_breakdown, profile_for
@@ -185,7 +185,7 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
         remove_partials(out)  # a killed run's half-written checkpoint
     _seed_everything(cfg.seed)
     training = build_training(cfg, faults)
-    model, optimizer, clipper, scaler = training.model, training.optimizer, training.clipper, training.scaler
+    model, optimizer, scaler = training.model, training.optimizer, training.scaler
     if parallel is not None:
         wire_parallel(training, parallel)
 
@@ -240,7 +240,8 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
     health = HealthLog(watch, out if writer else None, cfg.data, cfg.seq_length,
                        health_echo if writer else (lambda line: None), start_step=start)
     board = RunBoard(out if writer and cfg.tensorboard else None, start)
-    update = OptimizerStep(clipper, optimizer, training.micro.grads)  # after wire_parallel: pp swaps the micro-step
+    # After wire_parallel: pp swaps the micro-step. One graph per step where no host decision can intervene.
+    graphs = step_graphs(training, parallel=parallel, poisons=bool(step_faults.steps.get("nan_grad")), profile=profile)
     eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
     batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
     # Measurement only; off: no sync, no fields. A CPU graph call returns when it is done (measured).
@@ -257,35 +258,34 @@ def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after
             optimizer.set_lr(lr)
             scale = scaler.scale if scaler is not None else 1.0
             scale_t = Tensor(np.float32(scale))
-            losses, step_tokens = [], 0
-            for micro in range(cfg.grad_accum_steps):
-                with prof.phase("data"):
+            batch = []
+            with prof.phase("data"):
+                for micro in range(cfg.grad_accum_steps):
                     s, m, rows = next(batches)
                     if (s, m) != (step, micro):  # the pipeline and the loop must never part
                         raise MigrateError(f"data pipeline at step {s + 1} micro {m}, trainer at {step + 1} {micro}")
-                    ids = Tensor(np.ascontiguousarray(rows[:, :-1]))
-                    targets = Tensor(np.ascontiguousarray(rows[:, 1:]))
-                with prof.phase("fwd_bwd"):
-                    loss = training.micro(ids, targets, scale_t)
-                    losses.append(float(loss.asnumpy()))
-                step_tokens += int(rows[:, 1:].size) * layout.dp  # every dp rank reads as many
+                    batch.append(rows)
+            with prof.phase("fwd_bwd"):
+                losses = graphs.forward_backward(batch, scale_t)
+            step_tokens = sum(int(rows[:, 1:].size) for rows in batch) * layout.dp  # every dp rank reads as many
             tokens += step_tokens
             step_loss = sum(losses) / len(losses)
             if parallel is not None:
                 with prof.phase("reduce"):
+                    update = graphs.update  # split: one process per rank never runs one graph
                     update.replace_grads(parallel.reduce_grads(tuple(p.value() for p in update.grads)))
                     step_loss = parallel.mean_over_ranks(step_loss)
             if step_faults.poison_grad(step + 1):  # before unscaling, as the golden: fp16's scaler sees it
-                update.poison_first()
+                graphs.update.poison_first()
             with prof.phase("clip"):
-                norm = update.measure(scaler.inv_scale if scaler is not None else 1.0)
-                all_finite = update.all_finite(norm) if scaler is not None else math.isfinite(norm)
+                norm = graphs.measure(scaler.inv_scale if scaler is not None else 1.0)
+                all_finite = graphs.all_finite(norm) if scaler is not None else math.isfinite(norm)
             verdict = health.step(StepFacts(step + 1, _finite(step_loss), _finite(norm), lr,
                                             scale if scaler is not None else None), losses, order[step])
             # fp16 overflow, or the health policy skips (or stops at) this step: no optimizer, no scheduler step
             skipped = (scaler is not None and not all_finite) or verdict.action != "continue"
             with prof.phase("optimizer"):
-                clipped_norm = update.finish(apply=not skipped)  # skipped: the clipped norm alone
+                clipped_norm = graphs.finish(apply=not skipped)  # skipped: the clipped norm alone
             if not skipped:
                 sched_pos += 1
             if scaler is not None:
