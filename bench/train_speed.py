@@ -1,14 +1,14 @@
 """Training throughput: the MindSpore trainer, the golden PyTorch script and the MindSpore floor.
 
-    python bench/train_speed.py [--sizes demo,big] [--dtypes fp32,bf16] [--repeats 3]
-                                [--steps 20] [--big-steps 3] [--workdir DIR]
+    python bench/train_speed.py [--sizes demo,big] [--dtypes fp32,bf16] [--repeats 5]
+                                [--steps 60] [--big-repeats 3] [--big-steps 3] [--workdir DIR]
 
 Sizes: `demo` is the demo's Llama (micro batch 4 × accumulation 2 × seq 64); `big` is a
 matmul-bound Llama of ~115 M parameters (hidden 768, 16 layers, seq 256, micro batch 2 ×
 accumulation 1) on the same tokenizer and corpus. For every size and dtype the bench runs,
 alternating and each in a fresh process, the golden script, `migrate train` and the floor
 (`bench/ms_floor.py`: forward + backward + clip + AdamW as one compiled graph) `--repeats`
-times, then one profiled run of each trainer for the step-time breakdown
+times (`--big-repeats` at the big size), then one profiled run of each trainer for the step-time breakdown
 (`migrate.train.step_profile`). A run's speed is its median steady step (the first step,
 compile and warm-up, left out); the figures are medians over the repeats with the
 min-max spread. MFU is against the matmul peak each framework reaches here on a
@@ -206,8 +206,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="demo,big")
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side per size and dtype")
-    parser.add_argument("--steps", type=int, default=20, help="steps per run at the demo size")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating runs of each side at the demo size")
+    parser.add_argument("--steps", type=int, default=60, help="steps per run at the demo size")
+    parser.add_argument("--big-repeats", type=int, default=3, help="alternating runs of each side at the big size")
     parser.add_argument("--big-steps", type=int, default=3, help="steps per run at the big size")
     parser.add_argument("--workdir", help="keep the setups and runs here (default: a temp folder)")
     parser.add_argument("--reuse-setup", action="store_true", help="reuse the setups already in --workdir")
@@ -246,10 +247,11 @@ def main(argv=None) -> int:
         mc = trainable_model_config(cfg.ms_model)
         fpt = flops_per_token(mc, cfg.seq_length)
         steps = args.steps if size == "demo" else args.big_steps
+        repeats = args.repeats if size == "demo" else args.big_repeats
         for dtype in [d for d in args.dtypes.split(",") if d]:
             tps = {"golden": [], "ms": [], "floor": []}
             floor_step = []
-            for _ in range(args.repeats):  # alternating, each in a fresh process
+            for _ in range(repeats):  # alternating, each in a fresh process
                 for kind in ("golden", "ms", "floor"):
                     r = run_child(kind, config, dtype, steps, work)
                     tps[kind].append(tokens_per_s(r))
@@ -262,7 +264,7 @@ def main(argv=None) -> int:
             print(f"\n== {size}: {mc.num_layers} layers × hidden {mc.hidden_size}, "
                   f"{fpt / 1e9:.2f} GFLOP/token (≈{fpt / 6 / 1e6:.0f} M params by 6N + attention) · micro batch "
                   f"{cfg.micro_batch_size} × accum {cfg.grad_accum_steps} × seq {cfg.seq_length} · {dtype} · "
-                  f"{steps} steps × {args.repeats} alternating runs; median (min–max)")
+                  f"{steps} steps × {repeats} alternating runs; median (min–max)")
             print(f"  golden PyTorch      {fmt(tps['golden']):>26} tokens/s   MFU "
                   f"{statistics.median(tps['golden']) * fpt / peak['torch'][dtype]:.1%}")
             print(f"  MindSpore trainer   {fmt(tps['ms']):>26} tokens/s   MFU "

@@ -166,7 +166,8 @@ def register(sub) -> None:
     p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
     p.add_argument("--profile", action="store_true",
                    help="time each step's phases (data, forward+backward, clip, optimizer, dp reduction, host): "
-                        "time_*_s fields in metrics.jsonl and a table at the end")
+                        "time_*_s fields in metrics.jsonl and a table at the end; the step then runs as "
+                        "separate graphs (same numbers), not as the one graph a plain run may use")
     p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
                    help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
     g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
