@@ -1,11 +1,13 @@
-"""The optimizer step after the micro-batches: two compiled graphs around the host's decision.
+"""The optimizer step after the micro-batches: one compiled graph, or two around the host's decision.
 
     graphs = step_graphs(training, parallel=..., poisons=..., profile=...)  # OneGraphStep or SplitSteps
     losses = graphs.forward_backward(batch, scale)   # each micro-batch's loss
+    norm = graphs.measure(inv_scale); clipped = graphs.finish(apply)
 
 Most runs (fp32/bf16, health policy warn, one process, at most 8 micro-batches, up to 32 M
 parameters) run the whole step as ONE graph (`WholeStep`): nothing on the host can stop the
-step, so nothing waits for it. The others run it split, the host deciding between graphs:
+step, so nothing waits for it; `bench/ms_floor.py` times that cell alone. The others run it
+split (`SplitSteps`), the host deciding between graphs:
 
     step = OptimizerStep(clipper, optimizer, grads)  # grads: the MicroStep's accumulators
     norm = step.measure(inv_scale)     # graph 1: total gradient norm (unscaled first in fp16)
@@ -13,10 +15,10 @@ step, so nothing waits for it. The others run it split, the host deciding betwee
     ... the health watch and the fp16 scaler decide on the host ...
     clipped = step.finish(apply)       # graph 2: clip, clipped norm, AdamW when apply, accumulators zeroed
 
-The accumulated gradients never leave the device as a tuple: the micro-steps add into
+There the accumulated gradients never leave the device as a tuple: the micro-steps add into
 Parameters (`steps.MicroStep.grads`), these graphs read them in place and the second one
-zeroes them for the next step. What this costs against one graph for the whole step is
-measured by `bench/ms_floor.py`, which runs these same cells inside one graph.
+zeroes them for the next step. Both ways run the same graph code (`grad_norm`,
+`clip_and_step`) and give the same numbers bit for bit.
 
 Numbers, as torch forms them: the norm is clip_grad_norm_'s (the norm of the per-tensor
 norms), the coefficient is max_norm * reciprocal(norm + eps) clamped at 1, the gradients are
