@@ -106,7 +106,8 @@ def _run(args) -> int:
     kill_at = _kill_step(parallel.rank)
 
     def log(line: str) -> None:
-        print(f"{prefix}: {line}", flush=True)
+        # Every line prefixed: the launcher relays only prefixed lines (a multi-line table, --profile's, too).
+        print("\n".join(f"{prefix}: {part}" for part in line.splitlines() or [""]), flush=True)
         if kill_at is not None and line.startswith(f"step {kill_at}/"):
             os.kill(os.getpid(), signal.SIGKILL)  # the test hook: die as the OOM killer would, mid-run
 
