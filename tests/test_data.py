@@ -38,6 +38,19 @@ def test_corpus_and_tokenizer_are_deterministic(corpus, tmp_path):
         train_bpe_tokenizer(files, 100, tmp_path / "small")
 
 
+def test_corpus_text_does_not_depend_on_what_else_was_imported(monkeypatch):
+    # transformers patches logging.Logger.info_once on import; the demo imported it before or after the corpus.
+    import logging
+
+    before = module_text("logging")
+
+    def info_once(self, msg):
+        """A foreign method patched onto a standard-library class."""
+
+    monkeypatch.setattr(logging.Logger, "info_once", info_once, raising=False)
+    assert module_text("logging") == before
+
+
 def test_default_corpus_is_a_few_hundred_kb(tmp_path):
     files = write_stdlib_corpus(tmp_path / "c")
     assert len(files) == len(STDLIB_MODULES)

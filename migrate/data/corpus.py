@@ -32,18 +32,29 @@ def module_text(name: str) -> str:
     parts = [f"Module {name}\n\n{inspect.getdoc(module) or ''}"]
     for attr in _public(module):
         obj = getattr(module, attr)
-        if getattr(obj, "__module__", None) not in (name, "_" + name):
-            continue  # re-exports belong to their own module; `_name` is its C accelerator
+        if not _own(obj, name):
+            continue  # re-exports belong to their own module
         doc = inspect.getdoc(obj) if inspect.isclass(obj) or callable(obj) else None
         if doc:
             parts.append(f"{name}.{attr}\n\n{doc}")
         if inspect.isclass(obj):
             for meth in _public(obj):
                 member = inspect.getattr_static(obj, meth)
-                mdoc = inspect.getdoc(getattr(obj, meth)) if meth in vars(obj) and callable(member) else None
+                if not (meth in vars(obj) and callable(member)):
+                    continue
+                method = getattr(obj, meth)
+                # A method another library patched in (transformers adds logging.Logger.info_once on import)
+                # is not the module's: the text must not depend on what else was imported.
+                mdoc = inspect.getdoc(method) if _own(method, name, missing_ok=True) else None
                 if mdoc:
                     parts.append(f"{name}.{attr}.{meth}\n\n{mdoc}")
     return "\n\n".join(parts) + "\n"
+
+
+def _own(obj, name: str, missing_ok: bool = False) -> bool:
+    """Defined in module `name` (or `_name`, its C accelerator); missing_ok: C methods name no module."""
+    module = getattr(obj, "__module__", None)
+    return module in (name, "_" + name) or (missing_ok and module is None)
 
 
 def _public(obj) -> list[str]:
