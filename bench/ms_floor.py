@@ -20,7 +20,7 @@ from mindspore import Tensor
 
 from migrate.data.samples import load_samples, run_order
 from migrate.train.building import build_training
-from migrate.train.optimizer_step import WholeStep
+from migrate.train.optimizer_step import WholeStep, clip_tensors
 
 
 def floor_step_times(cfg, steps: int) -> tuple[list[float], list[float]]:
@@ -36,11 +36,11 @@ def floor_step_times(cfg, steps: int) -> tuple[list[float], list[float]]:
 def _run(cfg, steps: int) -> tuple[list[float], list[float]]:
     ms.set_seed(cfg.seed)
     training = build_training(cfg)
-    opt, clipper = training.optimizer, training.clipper
+    opt = training.optimizer
     cell = WholeStep(training.micro, training.clipper, opt, cfg.grad_accum_steps)
+    one = Tensor(np.float32(1.0))
     rows = load_samples(cfg.data, cfg.seq_length)
     order = run_order(cfg, len(rows))
-    f32 = lambda x: Tensor(np.float32(x))  # noqa: E731
     times, losses = [], []
     for step in range(steps):
         batch = np.asarray(rows[order[step % len(order)].reshape(-1)], np.int32).reshape(
@@ -49,8 +49,7 @@ def _run(cfg, steps: int) -> tuple[list[float], list[float]]:
         opt.set_lr(training.schedule.lr(step))
         args = opt.advance()
         start = time.perf_counter()
-        micro_losses, _, _ = cell(ids, targets, f32(1.0), f32(1.0), f32(clipper.max_norm or 0.0), f32(clipper.eps),
-                                  *args)
+        micro_losses, _, _ = cell(ids, targets, one, one, *clip_tensors(training.clipper), *args)
         losses.append(float(np.mean(micro_losses.asnumpy().astype(np.float64))))
         if ms.get_context("device_target") != "CPU":  # a CPU graph call returns when done
             ms.runtime.synchronize()

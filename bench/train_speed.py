@@ -57,25 +57,11 @@ def prepare_big(root: Path, demo: Path) -> Path:
     """The big Llama on the demo's tokenizer and corpus (seq 256)."""
     import shutil
 
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from migrate.convert import convert
-    from migrate.data.tokenize import tokenize_corpus
-    from migrate.demo_train import VOCAB
+    from migrate.demo_train import prepare_run
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    tok = AutoTokenizer.from_pretrained(demo / "tokenizer")
-    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, **ids, **BIG)).save_pretrained(root / "hf")
-    for f in (demo / "tokenizer").iterdir():
-        shutil.copy2(f, root / "hf" / f.name)
-    convert(root / "hf", root / "ms")
-    tokenize_corpus(sorted((demo / "corpus").rglob("*.txt")), root / "hf", 256, root / "data")
-    (root / "run.yaml").write_text(big_run_yaml())
-    return root / "run.yaml"
+    return prepare_run(root, demo / "tokenizer", sorted((demo / "corpus").rglob("*.txt")), BIG, 256, big_run_yaml())
 
 
 # ---------- one measurement, in its own process ----------

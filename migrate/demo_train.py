@@ -28,28 +28,35 @@ MODEL = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_at
 
 def prepare(root: Path) -> Path:
     """Corpus, tokenizer, HF model (with the tokenizer in its folder), conversion, data, run.yaml."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from migrate.convert import convert
     from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
-    from migrate.data.tokenize import tokenize_corpus
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     files = write_stdlib_corpus(root / "corpus")
     train_bpe_tokenizer(files, VOCAB, root / "tokenizer")
+    return prepare_run(root, root / "tokenizer", files, MODEL, 64, RUN_YAML)
+
+
+def prepare_run(root: Path, tokenizer: Path, files, model: dict, seq_length: int, run_yaml: str) -> Path:
+    """In `root`: a seeded HF Llama of `model`'s shape on `tokenizer` (its files beside the weights),
+    converted, `files` tokenized at `seq_length`, and run.yaml; returns run.yaml's path."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from migrate.convert import convert
+    from migrate.data.tokenize import tokenize_corpus
+
     # The config's special ids are the tokenizer's (LlamaConfig's defaults, bos 1 / eos 2, would
     # make generation stop at <pad>; `migrate vocab check` flags exactly that).
-    tok = AutoTokenizer.from_pretrained(root / "tokenizer")
+    tok = AutoTokenizer.from_pretrained(tokenizer)
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, **ids, **MODEL)).save_pretrained(root / "hf")
-    for f in (root / "tokenizer").iterdir():
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, **ids, **model)).save_pretrained(root / "hf")
+    for f in Path(tokenizer).iterdir():
         shutil.copy2(f, root / "hf" / f.name)
     convert(root / "hf", root / "ms")
-    tokenize_corpus(files, root / "hf", 64, root / "data")
-    (root / "run.yaml").write_text(RUN_YAML)
+    tokenize_corpus(files, root / "hf", seq_length, root / "data")
+    (root / "run.yaml").write_text(run_yaml)
     return root / "run.yaml"
 
 

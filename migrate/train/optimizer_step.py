@@ -171,11 +171,8 @@ class OptimizerStep:
             if self._skip_cell is None:
                 self._skip_cell = ClipAndStep(self.grads, self.clipper.unscale, self.clipper.max_norm is not None)
             cell, args = self._skip_cell, self.optimizer.step_args(self.optimizer.step_count + 1)
-        clipped = cell(self._inv_scale, self._total, *self.clip_args(), *args)
+        clipped = cell(self._inv_scale, self._total, *clip_tensors(self.clipper), *args)
         return float(clipped.asnumpy())
-
-    def clip_args(self) -> tuple:
-        return Tensor(np.float32(self.clipper.max_norm or 0.0)), Tensor(np.float32(self.clipper.eps))
 
     def replace_grads(self, values) -> None:
         """Write reduced (data-parallel) gradients back into the accumulators."""
@@ -225,8 +222,6 @@ class SplitSteps:
     """The step as micro-steps (one graph each, into the accumulators) and `OptimizerStep`'s two
     graphs, the host deciding between them: what every run can use."""
 
-    one_graph = False
-
     def __init__(self, training):
         self.micro = training.micro
         self.update = OptimizerStep(training.clipper, training.optimizer, training.micro.grads)
@@ -249,8 +244,6 @@ class OneGraphStep:
     """The step as one `WholeStep` launch; only for runs no host decision can interrupt
     (`one_graph_refusals`). The same numbers as `SplitSteps`, bit for bit (a test holds it)."""
 
-    one_graph = True
-
     def __init__(self, training, accum: int):
         self.cell = WholeStep(training.micro, training.clipper, training.optimizer, accum)
         self.optimizer, self.clipper = training.optimizer, training.clipper
@@ -258,8 +251,7 @@ class OneGraphStep:
 
     def forward_backward(self, batch, scale) -> list[float]:
         ids, targets = _split_rows(np.stack(batch))
-        max_norm, eps = Tensor(np.float32(self.clipper.max_norm or 0.0)), Tensor(np.float32(self.clipper.eps))
-        losses, norm, clipped = self.cell(ids, targets, scale, Tensor(np.float32(1.0)), max_norm, eps,
+        losses, norm, clipped = self.cell(ids, targets, scale, Tensor(np.float32(1.0)), *clip_tensors(self.clipper),
                                           *self.optimizer.advance())
         self._norm, self._clipped = float(norm.asnumpy()), float(clipped.asnumpy())
         return [float(x) for x in losses.asnumpy()]
@@ -274,6 +266,11 @@ class OneGraphStep:
         if not apply:
             raise MigrateError("a one-graph step has already stepped the optimizer; it cannot be skipped")
         return self._clipped
+
+
+def clip_tensors(clipper) -> tuple:
+    """(max_norm, eps) of the clipper as the fp32 tensors the graphs take (max_norm 0: no clip)."""
+    return Tensor(np.float32(clipper.max_norm or 0.0)), Tensor(np.float32(clipper.eps))
 
 
 def _split_rows(rows):
