@@ -94,11 +94,11 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_diff(args) -> int:
-    from migrate.align.faults import FAULTS
+    from migrate.align.faults import all_faults
     from migrate.ui import console
 
     if args.list_faults:
-        for fault in FAULTS.values():
+        for fault in all_faults().values():
             needs = f" (needs: {', '.join(fault.needs)})" if fault.needs else ""
             console().print(f"[bold]{fault.name}[/] — {fault.description}; shows at: {fault.block}{needs}")
         return 0
@@ -119,7 +119,7 @@ def _cmd_diff(args) -> int:
         args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
         text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
         inject=args.inject, thresholds=thresholds, keymap=args.keymap or args.src, mode=args.mode, lr=args.lr,
-        adapter=args.adapter,
+        adapter=args.adapter, reference=args.reference,
     )
     print_table(report, console())
     if args.report:
@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "a LoRA run's checkpoint) attached on both sides")
     p.add_argument("--list-faults", action="store_true", help="list the faults --inject knows")
     p.add_argument("--mode", choices=["pynative", "graph"], default="pynative", help="MindSpore execution mode")
+    p.add_argument("--reference", choices=["fp64", "none"], default="fp64",
+                   help="fp64 (default): HF's model also runs in float64 on the same inputs and every bound widens "
+                        "to the reference's own error; none: fixed bounds scaled for depth and width")
     p.add_argument("--report", metavar="DIR", help="write report.json, report.md, report.html and the plot")
     p.add_argument("--max-abs", type=float, help="override the max-abs bound for every kind")
     p.add_argument("--cosine", type=float, help="override the cosine bound")

@@ -6,6 +6,7 @@ Intermediate outputs are read with forward hooks on the modules the keymap's
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from pathlib import Path
 
@@ -29,7 +30,9 @@ OUTPUTS = {
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    return torch_to_numpy(t.detach().float())
+    """float32 for the compared sides, float64 kept for the twin."""
+    t = t.detach()
+    return t.numpy() if t.dtype == torch.float64 else torch_to_numpy(t.float())
 
 
 class HFSide:
@@ -48,16 +51,32 @@ class HFSide:
         except Exception as exc:
             raise MigrateError(f"transformers cannot load {hf_dir}: {str(exc).strip().splitlines()[0]}") from None
         self.model.eval()  # dropout off
+        self._attach(_hook_points(align, num_layers))
+
+    def _attach(self, points) -> None:
         self.takes_labels = "labels" in inspect.signature(self.model.forward).parameters
         self.can_generate = bool(getattr(self.model, "can_generate", lambda: False)())
-        self.points = _hook_points(align, num_layers)
+        self.points = points
         modules = dict(self.model.named_modules())
         missing = [path for _, _, path in self.points if path not in modules]
         if missing:
             raise MigrateError(f"HF model has no module {missing[0]} (keymap align table)")
         self._captured: dict[str, torch.Tensor] = {}
-        for _, _, path in self.points:
-            modules[path].register_forward_hook(self._hook(path))
+        self._hooks = [modules[path].register_forward_hook(self._hook(path)) for _, _, path in self.points]
+
+    def twin(self) -> "HFSide":
+        """The same model in float64, from the very weights this side computes with (an adapter
+        attached included): the noise reference (`align.reference`). Costs 2x an fp32 copy."""
+        for handle in self._hooks:  # a deep copy would carry hooks writing into this side
+            handle.remove()
+        try:
+            model = copy.deepcopy(self.model).to(torch.float64)
+        finally:
+            self._attach(self.points)
+        twin = object.__new__(HFSide)
+        twin.model = model
+        twin._attach(self.points)
+        return twin
 
     def _hook(self, path: str):
         def capture(_module, _args, output):
@@ -93,19 +112,6 @@ class HFSide:
 
     def parameter_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]
-
-    def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
-        """One torch AdamW step on fp32 master copies, fed the last `gradients` call's
-        gradients: mixed precision's recipe, so low-precision runs compare the same thing."""
-        names, masters = [], []
-        for name, p in self.model.named_parameters():
-            master = p.detach().float().clone().requires_grad_(True)
-            master.grad = p.grad.detach().float()
-            names.append(name)
-            masters.append(master)
-        opt = torch.optim.AdamW(masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        opt.step()
-        return {n: _as_numpy(m) for n, m in zip(names, masters)}
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
         """HF `generate`, greedy with its KV cache and no stop token, like the other side."""

@@ -118,7 +118,7 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
 
     Returns a JSON-friendly dict (python floats / ints / lists):
     ``shape, numel, dtype_ref, dtype_got, max_abs, max_abs_index, max_rel,
-    mean_abs, cosine, within_1e-3, within_5e-3, ref_max_abs, got_max_abs,
+    mean_abs, rms (root mean square of the difference), cosine, within_1e-3, within_5e-3, ref_max_abs, got_max_abs,
     ref_mean_abs, rel_floor, finite_compared, nan_ref, nan_got, inf_ref,
     inf_got, nonfinite_ref_at, nonfinite_got_at, nonfinite_mismatches,
     nonfinite_match``; ``nonfinite_*_at`` are the first `NONFINITE_POSITIONS`
@@ -178,6 +178,7 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
     max_abs_at = -1
     max_rel = 0.0
     sum_abs_diff = 0.0
+    sum_sq_diff = 0.0
     within = [0 for _ in WITHIN_TOLERANCES]
     dot = na2 = nb2 = 0.0
     with np.errstate(invalid="ignore", over="ignore"):
@@ -198,6 +199,7 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
                 max_abs = float(d[k])
                 max_abs_at = lo + (k if idx is None else int(idx[k]))
             sum_abs_diff += float(d.sum())
+            sum_sq_diff += float(np.dot(d, d))
             rel = d / np.maximum(np.abs(fa), floor)
             max_rel = max(max_rel, float(rel.max()))
             for i, tol in enumerate(WITHIN_TOLERANCES):
@@ -232,6 +234,7 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
         "max_abs_index": where(max_abs_at) if max_abs_at >= 0 else None,
         "max_rel": math.nan if unmeasured else max_rel,
         "mean_abs": math.nan if unmeasured else (sum_abs_diff / n_finite if n_finite else 0.0),
+        "rms": math.nan if unmeasured else (math.sqrt(sum_sq_diff / n_finite) if n_finite else 0.0),
         "cosine": cosine,
     }
     for i, tol in enumerate(WITHIN_TOLERANCES):
@@ -263,7 +266,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
 
 
-def logits_metrics(ref: Any, got: Any) -> dict:
+def logits_metrics(ref: Any, got: Any, tie_margin: float | None = None) -> dict:
     """`tensor_metrics` plus distribution metrics over the last axis (the vocabulary).
 
     Every leading index is a position. Added keys:
@@ -277,6 +280,12 @@ def logits_metrics(ref: Any, got: Any) -> dict:
     * ``positions``: how many positions entered these figures. A position whose
       row holds a NaN or +Inf on either side (or is all -Inf) is left out --
       those are already counted and judged by the NaN/Inf rule.
+
+    * ``tie_margin`` (given when a noise reference says how far the reference's own logits may
+      be off): a disagreement where the reference's logits of its choice and of the other
+      side's choice are within ``tie_margin`` of each other is a near tie -- either answer is
+      right at this precision. ``top1_ties`` counts those, ``top1_decisive`` is the agreement
+      over the other positions (None when every position is a near tie).
 
     With no usable position, ``kl`` and ``top1`` are None (not measured).
     """
@@ -301,6 +310,7 @@ def logits_metrics(ref: Any, got: Any) -> dict:
     kl_max = 0.0
     agree = 0
     used = 0
+    ties = 0
     first_mismatch = None
     if vocab:
         step = max(1, CHUNK_ELEMENTS // vocab)
@@ -320,7 +330,12 @@ def logits_metrics(ref: Any, got: Any) -> dict:
                 kl_rows = np.maximum(terms.sum(-1), 0.0)
                 kl_sum += float(kl_rows.sum())
                 kl_max = max(kl_max, float(kl_rows.max()))
-                same = np.argmax(a, -1) == np.argmax(b, -1)
+                top_a, top_b = np.argmax(a, -1), np.argmax(b, -1)
+                same = top_a == top_b
+                if tie_margin is not None and not same.all():
+                    rows_ = np.arange(len(a))
+                    tie = ~same & (a[rows_, top_a] - a[rows_, top_b] <= tie_margin)
+                    ties += int(np.count_nonzero(tie))
                 agree += int(np.count_nonzero(same))
                 used += int(good.size)
                 if first_mismatch is None and not same.all():
@@ -335,6 +350,10 @@ def logits_metrics(ref: Any, got: Any) -> dict:
         "top1_first_mismatch": first_mismatch,
         "positions": used,
     })
+    if tie_margin is not None:
+        decisive = used - ties
+        out.update({"top1_ties": ties, "top1_tie_margin": float(tie_margin),
+                    "top1_decisive": agree / decisive if used and decisive else None})
     return out
 
 

@@ -74,8 +74,16 @@ class MSSide:
     def parameter_names(self) -> list[str]:
         return [p.name for p in self.model.trainable_params()]
 
+    def parameters_and_grads(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The trainable parameters (as they are before any step) and the last `gradients` call's
+        gradients, float32, by name: what `align.optimizer_reference` steps with torch's AdamW."""
+        params = self.model.trainable_params()
+        return ({p.name: _as_numpy(p) for p in params},
+                {p.name: _as_numpy(g) for p, g in zip(params, self._grads)})
+
     def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
-        """One AdamW step on fp32 master copies (see HFSide.adamw_step)."""
+        """One AdamW step on fp32 master copies fed this side's gradients (mixed precision's recipe,
+        so low-precision runs compare the same thing)."""
         # mindspore.experimental.optim.AdamW follows torch semantics (bias correction,
         # decoupled decay) and runs on CPU, unlike mint.optim.AdamW.
         from mindspore.experimental.optim import AdamW

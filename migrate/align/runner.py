@@ -16,8 +16,11 @@ from migrate.align.faults import check_fault, parse_fault
 from migrate.align.hf_side import OUTPUTS, HFSide
 from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
 from migrate.align.ms_side import MSSide
+from migrate.align.optimizer_reference import torch_adamw_step
+from migrate.align.reference import TWIN
 from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds
+from migrate.align.thresholds import Thresholds, fallback_factor
+from migrate.align.twin_memory import REFERENCES, twin_refused
 from migrate.conversion_plan import ConversionPlan
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
@@ -45,7 +48,11 @@ def compare(
     mode: str = "pynative",
     lr: float = 1e-4,
     adapter: str | Path | None = None,
+    reference: str = "fp64",
 ) -> Report:
+    """`reference`: "fp64" runs HF's model a second time in float64 (`align.reference`) and widens
+    every bound to the reference's own error, unless the float64 copy would not fit in memory;
+    "none" judges on the fixed bounds scaled for depth and width (`thresholds.fallback_factor`)."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
     for folder, what in ((hf_dir, "HF model folder"), (ms_dir, "MindSpore model folder")):
         if not folder.is_dir():
@@ -54,6 +61,8 @@ def compare(
         raise MigrateError(f"unknown dtype {dtype!r}; choose from {', '.join(PRECISIONS)}")
     if mode not in ("pynative", "graph"):
         raise MigrateError(f"unknown mode {mode!r}; choose pynative or graph")
+    if reference not in REFERENCES:
+        raise MigrateError(f"unknown reference {reference!r}; choose {' or '.join(REFERENCES)}")
     fault = parse_fault(inject) if inject else None
     if fault and text is None:
         detail = True  # a fault is located down to the sub-block
@@ -75,7 +84,7 @@ def compare(
         raise MigrateError(f"--grads needs a model with a loss; {type(ms_side.model).__name__} has none")
     layer = None
     if fault:
-        layer = check_fault(fault[0], config, dtype, padded, fault[1])
+        layer = check_fault(fault[0], config, dtype, padded, fault[1], grads=grads)
         fault[0].apply(ms_side, layer)
     hf_side = HFSide(hf_dir, dtype, km.align, config.num_layers, seed)
     if adapter is not None:  # the same LoRA adapter on both sides (migrate.align.adapters)
@@ -86,6 +95,14 @@ def compare(
         attach_to_hf(hf_side.model, lora, sites)
     if generate and not hf_side.can_generate:
         raise MigrateError(f"--generate needs a generative model; {type(hf_side.model).__name__} is not one")
+    thresholds = thresholds or Thresholds.for_dtype(dtype)
+    why_not = twin_refused(hf_side.model, reference)
+    twin = None if why_not else hf_side.twin()
+    if why_not:
+        factor = fallback_factor(config.num_layers, getattr(config, "hidden_size", None))
+        thresholds, ref_info = thresholds.scaled(factor), {"source": "fallback", "factor": factor, "why": why_not}
+    else:
+        ref_info = {"source": TWIN, "of": "HF PyTorch"}
 
     inputs = text_inputs(hf_dir, text) if text is not None else seeded_inputs(
         config.vocab_size, batch, seq_len, seed, padded, pad_id=config.pad_token_id or 0)
@@ -95,15 +112,15 @@ def compare(
     report = Report(
         dtype=dtype, inputs=inputs.description, seed=seed, ref_dir=hf_dir, got_dir=ms_dir,
         ref_label="HF PyTorch", got_label="MindSpore",
-        versions=_versions(), thresholds=thresholds or Thresholds.for_dtype(dtype),
+        versions=_versions(), thresholds=thresholds, reference=ref_info,
         extra={"mode": mode, "detail": detail, "keymap": km.name,
                **({"adapter": str(adapter)} if adapter is not None else {}),
                **({"inject": fault[0].name, "inject_layer": layer, "expected_block": fault[0].block}
                   if fault else {})},
     )
-    _forward(report, hf_side, ms_side, inputs, detail)
+    _forward(report, hf_side, ms_side, inputs, detail, twin)
     if grads:
-        _backward(report, hf_side, ms_side, inputs, plan, lr)
+        _backward(report, hf_side, ms_side, inputs, plan, lr, twin)
     if generate:
         _generation(report, hf_side, ms_side, inputs, generate, hf_dir)
     return report.finalize()
@@ -117,31 +134,36 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
     return array[inputs.valid]
 
 
-def _forward(report, hf_side, ms_side, inputs, detail) -> None:
+def _forward(report, hf_side, ms_side, inputs, detail, twin) -> None:
     hf_hidden, hf_outputs = hf_side.forward(inputs, detail)
     ms_hidden, ms_outputs = ms_side.forward(inputs, detail)
+    ex_hidden, ex_outputs = twin.forward(inputs, detail) if twin else ([None] * len(hf_hidden), [])
     names = {"embedding": "embedding output", "final norm": "final norm output"}
-    for (block, layer, ref), (block2, layer2, got) in zip(hf_hidden, ms_hidden):
+    for (block, layer, ref), (block2, layer2, got), exact in zip(hf_hidden, ms_hidden, ex_hidden):
         assert (block, layer) == (block2, layer2), "hook points and model outputs disagree"
         name = names.get(block) or f"layer {layer} {block}"
         report.add(name, _valid(ref, inputs), _valid(got, inputs), kind="hidden", layer=layer,
-                   block="layer output" if block == "layer output" else block)
-    hf_out, ms_out = dict(hf_outputs), dict(ms_outputs)
+                   block="layer output" if block == "layer output" else block,
+                   exact=None if exact is None else _valid(exact[2], inputs))
+    hf_out, ms_out, ex_out = dict(hf_outputs), dict(ms_outputs), dict(ex_outputs)
     if set(hf_out) != set(ms_out):
         raise MigrateError(f"the models return different outputs: HF {', '.join(hf_out)}, "
                            f"MindSpore {', '.join(ms_out)}")
     for key, (name, kind) in OUTPUTS.items():  # logits, loss, last hidden state, pooled output
         if key in hf_out:
-            ref, got = hf_out[key], ms_out[key]
+            ref, got, exact = hf_out[key], ms_out[key], ex_out.get(key)
             if kind == "loss":
-                report.add(name, np.array(ref), np.array(got), kind="loss")
+                report.add(name, np.array(ref), np.array(got), kind="loss",
+                           exact=None if exact is None else np.array(exact))
             else:
-                report.add(name, _valid(ref, inputs), _valid(got, inputs), kind=kind)
+                report.add(name, _valid(ref, inputs), _valid(got, inputs), kind=kind,
+                           exact=None if exact is None else _valid(exact, inputs))
 
 
-def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr) -> None:
+def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) -> None:
     _, hf_grads = hf_side.gradients(inputs)
     _, ms_grads = ms_side.gradients(inputs)
+    ex_grads = plan.in_model_names(twin.gradients(inputs)[1]) if twin else {}
     ms_order = ms_side.parameter_names()
     ref_grads = plan.in_model_names(hf_grads)
     unpaired_ms = [n for n in ms_order if n not in ref_grads]
@@ -157,11 +179,17 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr) -> Non
         )
     backward = list(reversed(ms_order))  # lm_head first: the order backprop visits them
     for name in backward:
-        report.add(name, ref_grads[name], ms_grads[name], kind="grad")
-    hf_after = plan.in_model_names(hf_side.adamw_step(lr=lr, **ADAMW))
+        report.add(name, ref_grads[name], ms_grads[name], kind="grad", exact=ex_grads.get(name))
+    # The optimizer in isolation: MindSpore's AdamW step against torch's on the same (MindSpore's)
+    # gradients. Stepping each side from its own gradients would judge the gradients again, through
+    # AdamW's first step, which maps a gradient near zero to a move of up to lr whichever way its
+    # rounding falls (on SmolLM2 one tensor moved 60x further than torch's own float64 twin).
+    params, grads = ms_side.parameters_and_grads()
+    ref_after = torch_adamw_step(params, grads, lr=lr, **ADAMW)
+    ex_after = torch_adamw_step(params, grads, lr=lr, exact=True, **ADAMW) if twin else {}
     ms_after = ms_side.adamw_step(lr=lr, **ADAMW)
     for name in backward:
-        report.add(name, hf_after[name], ms_after[name], kind="param_after_step")
+        report.add(name, ref_after[name], ms_after[name], kind="param_after_step", exact=ex_after.get(name))
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
 
 

@@ -50,7 +50,14 @@ _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def _unjson_metrics(m: Mapping[str, Any]) -> dict:
-    return {k: (_NONFINITE[v] if isinstance(v, str) and v in _NONFINITE else v) for k, v in m.items()}
+    """Metrics read back from report.json: "nan" / "inf" strings as floats again, nested figures too
+    (the noise reference's)."""
+    def value(v):
+        if isinstance(v, Mapping):
+            return _unjson_metrics(v)
+        return _NONFINITE[v] if isinstance(v, str) and v in _NONFINITE else v
+
+    return {k: value(v) for k, v in m.items()}
 
 
 @dataclass
@@ -91,6 +98,15 @@ class Entry:
         if self.block == "layer output":
             return "layer output"
         return text
+
+    @property
+    def noise_ratio(self) -> float | None:
+        """Max abs difference over the reference's own max abs error vs its float64 twin."""
+        own = (self.metrics.get("noise") or {}).get("max_abs")
+        mab = self.metrics.get("max_abs")
+        if own is None or mab is None or not (math.isfinite(own) and math.isfinite(mab)) or own == 0:
+            return None  # a reference exact here (a lookup, a lucky scalar): the fixed floor judges
+        return mab / own
 
     @property
     def short_label(self) -> str:

@@ -18,6 +18,8 @@ def render_html(report: Any, png: bytes) -> str:
              f'<p class="verdict">{esc(report.verdict_text())}</p>']
     for line in report.divergence_lines():
         parts.append(f'<p class="div">{esc(line)}</p>')
+    if report.reference_line():
+        parts.append(f'<p>{esc(report.reference_line())}</p>')
     nonfinite = nonfinite_table(report)
     if nonfinite.rows:
         parts.append("<h2>NaN / Inf</h2><p>Any NaN or Inf in a compared tensor fails the comparison by itself.</p>")

@@ -16,7 +16,9 @@ def render_markdown(report: Any, image_name: str = "per_layer_error.png") -> str
            f"**{md.cell(report.verdict_text())}**", ""]
     for line in report.divergence_lines():
         out.append(f"- {md.cell(line)}")
-    if report.divergence_lines():
+    if report.reference_line():
+        out.append(f"- {md.cell(report.reference_line())}")
+    if report.divergence_lines() or report.reference_line():
         out.append("")
     nonfinite = nonfinite_table(report)
     if nonfinite.rows:

@@ -61,12 +61,14 @@ sides: what max abs / cosine were computed over; with none they are NaN).
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from migrate import __version__
 from migrate.align.checks import nonfinite_count, nonfinite_summary, nonfinite_text, tensor_checks
 from migrate.align.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
+from migrate.align.reference import TWIN, error_figures, error_ratio, noise_figures, tie_margin
 from migrate.align.report.entries import DIRECTIONS, Entry, Generation, layer_of
 from migrate.align.thresholds import KINDS, Thresholds
 from migrate.errors import MigrateError
@@ -99,6 +101,10 @@ class Report:
     versions: dict = field(default_factory=dict)
     thresholds: Thresholds | None = None
     extra: dict = field(default_factory=dict)
+    # where the bounds came from (`align.reference`): {"source": "float64 twin", "of": label} for a
+    # measured noise reference, {"source": "fallback", "factor": f, "why": text} for the scaled
+    # fixed bounds, {} for the fixed bounds as they are
+    reference: dict = field(default_factory=dict)
     created: str = field(default_factory=_now)
     schema_version: int = SCHEMA_VERSION
     entries: list = field(default_factory=list)
@@ -121,6 +127,7 @@ class Report:
         if self.got_dir is not None:
             self.got_dir = str(self.got_dir)
         self._finalized = False
+        self._own_errors: list = []   # (entry, the other side's own error vs the twin)
 
     # ---- building
 
@@ -153,15 +160,32 @@ class Report:
 
     def add(self, name: str, ref: Any, got: Any, *, kind: str = "hidden",
             layer: int | None = None, block: str | None = None,
-            direction: str | None = None, order: float | None = None) -> Entry:
+            direction: str | None = None, order: float | None = None,
+            exact: Any = None, noise: Mapping[str, Any] | None = None) -> Entry:
         """Compare two arrays (`logits_metrics` for logits / generation kinds,
-        `tensor_metrics` otherwise), judge and append. Returns the entry."""
-        if kind in ("logits", "generation"):
-            metrics = logits_metrics(ref, got)
+        `tensor_metrics` otherwise), judge and append. Returns the entry.
+
+        The noise reference (`align.reference`): `exact`, the reference's float64 twin's tensor,
+        or `noise`, its figures measured elsewhere (a dump); the bounds then widen to the
+        reference's own error, and with `exact` the other side's own error is measured too."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
+        logits = kind in ("logits", "generation")
+        got_error = None
+        if exact is not None:
+            noise = noise_figures(ref, exact, logits=logits)
+            got_error = error_figures(got, exact)
+        if logits:
+            margin = tie_margin(noise, self.thresholds.bounds(kind).widens("top1")) if noise else None
+            metrics = logits_metrics(ref, got, tie_margin=margin)
         else:
             metrics = tensor_metrics(ref, got)
-        return self.add_metrics(name, metrics, kind=kind, layer=layer, block=block,
-                                direction=direction, order=order)
+        if noise and not noise.get("error"):
+            metrics["noise"] = dict(noise)
+        entry = self.add_metrics(name, metrics, kind=kind, layer=layer, block=block, direction=direction, order=order)
+        if got_error:  # live runs only (a dump keeps no twin): kept beside the judged metrics, which dumps reproduce
+            self._own_errors.append((entry, got_error))
+        return entry
 
     def set_generation(self, ref_tokens: Any, got_tokens: Any, *, ref_text: Any = None,
                        got_text: Any = None, prompt: str | None = None) -> Entry:
@@ -239,6 +263,9 @@ class Report:
                 headline[key] = entry.metrics.get("max_abs")
         if loss is not None and loss.metrics.get("ref_max_abs") is not None:
             headline["loss_ref"] = loss.metrics.get("ref_max_abs")
+        headline.update(self._noise_headline(fwd + bwd))
+        if self._own_errors:
+            self.reference.update(self._own_error_figures())
 
         def point(e: Entry | None, backward: bool) -> dict | None:
             if e is None:
@@ -262,6 +289,47 @@ class Report:
         }
         self._finalized = True
         return self
+
+    @staticmethod
+    def _noise_headline(entries: list[Entry]) -> dict:
+        """The largest difference over the reference's own error, and where: what "within noise"
+        means in this run."""
+        diff = [(e.noise_ratio, e) for e in entries if e.noise_ratio is not None]
+        out: dict[str, Any] = {"noise_entries": len(diff)}
+        if diff:
+            r, e = max(diff, key=lambda t: t[0])
+            out.update(noise_ratio_max=r, noise_ratio_at=e.location)
+        return out
+
+    def _own_error_figures(self) -> dict:
+        """The other side's own RMS error vs the float64 twin over the reference's (median, worst):
+        "MindSpore's error is 1.3x torch's own"."""
+        own = [(r, e) for e, got in self._own_errors
+               if (r := error_ratio({"noise": e.metrics.get("noise"), "got_error": got})) is not None
+               and math.isfinite(r)]
+        if not own:
+            return {}
+        ratios = sorted(r for r, _ in own)
+        r, e = max(own, key=lambda t: t[0])
+        return {"error_ratio_median": ratios[len(ratios) // 2], "error_ratio_max": r, "error_ratio_at": e.location}
+
+    def reference_line(self) -> str | None:
+        """Where the bounds came from, in one line (printed under the verdict)."""
+        self._ensure_final()
+        ref, h = self.reference or {}, self.summary["headline"]
+        if ref.get("source") == "fallback":
+            return (f"bounds: the fixed ones × {ref['factor']:.3g} for this depth and width "
+                    f"(no float64 reference: {ref.get('why', 'not measured')})")
+        if ref.get("source") != TWIN or not h.get("noise_entries"):
+            return None
+        text = f"noise reference: {ref.get('of', self.ref_label)} in float64 on the same inputs"
+        if ref.get("error_ratio_max") is not None:
+            text += (f"; {self.got_label}'s own RMS error vs float64 is {ref['error_ratio_median']:.2g}× "
+                     f"{self.ref_label}'s (median), at most {ref['error_ratio_max']:.2g}× ({ref['error_ratio_at']})")
+        if h.get("noise_ratio_max") is not None:
+            text += (f"; largest difference {h['noise_ratio_max']:.2g}× the reference's own error "
+                     f"({h['noise_ratio_at']})")
+        return text
 
     def _nonfinite_point(self, ordered: list[Entry]) -> dict | None:
         """The first entry holding NaN / Inf on either side (forward, then backward order)."""
@@ -339,6 +407,11 @@ class Report:
             parts.append(f"pooled output max abs {fmt_num(h['pooled_max_abs'])}")
         if h["grads"]:
             parts.append(f"grads {h['grads'] - h['grads_failed']}/{h['grads']} ok")
+        source = (self.reference or {}).get("source")
+        if source == TWIN and h.get("noise_entries"):
+            parts.append("bounds from the float64 noise reference")
+        elif source == "fallback":
+            parts.append(f"no float64 reference: fixed bounds × {self.reference['factor']:.3g} for depth and width")
         if not self.entries:
             parts.append("nothing compared")
         return self.verdict.line(*parts)
@@ -367,7 +440,7 @@ class Report:
                 "dtype": self.dtype, "inputs": self.inputs, "seed": self.seed,
                 "ref_dir": self.ref_dir, "got_dir": self.got_dir,
                 "ref_label": self.ref_label, "got_label": self.got_label,
-                "versions": dict(self.versions), "extra": dict(self.extra),
+                "versions": dict(self.versions), "extra": dict(self.extra), "reference": dict(self.reference),
             },
             "thresholds": self.thresholds.to_dict(),
             "summary": self.summary,
@@ -389,6 +462,7 @@ class Report:
             ref_dir=run.get("ref_dir"), got_dir=run.get("got_dir"),
             ref_label=run.get("ref_label", "reference"), got_label=run.get("got_label", "converted"),
             versions=dict(run.get("versions") or {}), extra=dict(run.get("extra") or {}),
+            reference=dict(run.get("reference") or {}),
             thresholds=Thresholds.from_dict(d["thresholds"]) if d.get("thresholds") else None,
             created=d.get("created") or _now(),
         )

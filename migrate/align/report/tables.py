@@ -18,18 +18,20 @@ __all__ = ["entry_tables", "nonfinite_table", "run_rows", "thresholds_table"]
 _TEXT = ("location", "kind", "status")
 _WRAPS = ("location", "status")
 COLUMNS = [Column(c, left=c in _TEXT, wrap=c in _WRAPS, fold=True)
-           for c in ("#", "location", "kind", "max abs", "max rel", "mean abs", "cosine",
+           for c in ("#", "location", "kind", "max abs", "× noise", "max rel", "mean abs", "cosine",
                      "≤1e-3", "top-1", "KL", "status")]
 
 
 def _cells(e: Entry, i: int, first: bool, backward: bool = False) -> list[str]:
     m = e.metrics
     if e.kind == "generation" and "steps" in m:
-        cells = ["—"] * 7
+        cells = ["—"] * 8
         status_ok = e.headline()
     else:
+        ratio = e.noise_ratio
         cells = [
-            fmt_num(m.get("max_abs")), fmt_num(m.get("max_rel")), fmt_num(m.get("mean_abs")),
+            fmt_num(m.get("max_abs")), "—" if ratio is None else f"{ratio:.2g}",
+            fmt_num(m.get("max_rel")), fmt_num(m.get("mean_abs")),
             fmt_cosine(m.get("cosine")) if e.kind != "loss" else "—",
             fmt_pct(m.get("within_1e-3")), fmt_pct(m.get("top1")), fmt_num(m.get("kl")),
         ]
@@ -86,7 +88,7 @@ def run_rows(report: Any) -> list[tuple[str, str]]:
 
 def thresholds_table(report: Any) -> Table:
     """The bounds of every kind at the report's dtype; — where a bound is not checked."""
-    names = ("max_abs", "max_abs_rel", "cosine", "top1", "kl", "match")
+    names = ("max_abs", "max_abs_rel", "cosine", "top1", "kl", "match", "within", "noise", "off_noise")
     table = Table([Column("kind", left=True), *(Column(n) for n in names)])
     for kind in KINDS:
         b = report.thresholds.bounds(kind)

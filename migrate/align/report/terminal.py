@@ -22,4 +22,6 @@ def print_table(report: Any, console: Any = None) -> None:
         lines.append((g.summary_text(), "red" if not g.passed else ("yellow" if g.first_diff_step is not None
                                                                      else "green")))
     lines += [(line, FAIL_STYLE) for line in report.divergence_lines()]
+    if report.reference_line():
+        lines.append((report.reference_line(), None))
     print_judged(console, heading, entry_tables(report), lines, report.verdict_text(), report.passed)

@@ -1,0 +1,71 @@
+"""The noise reference: how far the reference side's own numbers sit from exact arithmetic.
+
+Fixed tolerances are right for the model they were calibrated on and wrong for a deeper one:
+thirty fp32 layers summed in two frameworks' orders round apart by more than two layers do
+(SmolLM2-135M: 1.9x the fixed bound on hidden states, 15x on parameters after one AdamW
+step, at cosine 1-1e-9). So `migrate diff` runs the reference model a second time in
+float64 -- its *twin*, built from the very weights the reference side computes with (rounded
+to the run's dtype first, so bf16 weight rounding is not counted as noise) -- on the same
+inputs, and measures for every judged tensor how far the reference itself is from it:
+
+    noise = figures(exact=twin, got=reference)
+
+`thresholds.Bounds` then widens each bound to K x the reference's own figure and, in low
+precision, holds the share of elements off by 5‰ to W x the reference's own share
+(`checks.tensor_checks`). Where the twin is not measured (statistics dumps from two
+machines, a model too large for a float64 copy, ``--reference none``) the fixed bounds scale
+with depth and width instead (`thresholds.fallback_factor`), and the report says which.
+
+Everything here is numpy: the twins themselves live with their sides (`hf_side`, `probe`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from migrate.align.metrics import logits_metrics, tensor_metrics
+
+__all__ = ["TWIN", "noise_figures", "error_figures", "error_ratio", "tie_margin"]
+
+TWIN = "float64 twin"   # how reports name the reference's reference
+_FIGURES = ("max_abs", "rms", "cosine")
+
+
+def noise_figures(ref: Any, exact: Any, logits: bool = False) -> dict:
+    """The reference side's own error against its float64 twin, as `checks` reads it:
+    max_abs, rms, cosine, off (share of elements off by more than 5‰), and for logits kl and
+    top1 (the reference's argmax agreement with the twin's)."""
+    m = logits_metrics(exact, ref) if logits else tensor_metrics(exact, ref)
+    if m.get("error"):
+        return {"error": m["error"]}
+    out = {k: m.get(k) for k in _FIGURES}
+    out["off"] = 1.0 - m["within_5e-3"]
+    if logits:
+        out["kl"], out["top1"] = m.get("kl"), m.get("top1")
+    return out
+
+
+def error_figures(got: Any, exact: Any) -> dict:
+    """The other side's own error against the same twin (live runs only: a dump keeps no twin)."""
+    m = tensor_metrics(exact, got)
+    return {} if m.get("error") else {k: m.get(k) for k in _FIGURES}
+
+
+def error_ratio(metrics: Mapping[str, Any]) -> float | None:
+    """The other side's RMS error vs float64 over the reference's own ("MindSpore's error is
+    1.3x torch's"), or None without both."""
+    own, other = (metrics.get("noise") or {}).get("rms"), (metrics.get("got_error") or {}).get("rms")
+    if own is None or other is None or not math.isfinite(own) or not math.isfinite(other):
+        return None
+    if own == 0:
+        return None if other == 0 else math.inf
+    return other / own
+
+
+def tie_margin(noise: Mapping[str, Any], k: float | None) -> float | None:
+    """How close two logits of one position may be for either to be the right argmax: each can
+    be off by about K x the reference's RMS logit error, so a swap needs a gap under twice that."""
+    rms = noise.get("rms")
+    if k is None or rms is None or not math.isfinite(rms):
+        return None
+    return 2.0 * k * float(rms)
