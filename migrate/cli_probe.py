@@ -18,7 +18,7 @@ def _cmd_dump(args) -> int:
     result = dump(args.side, args.out, dtype=args.dtype, seed=args.seed, inputs_file=args.inputs,
                   batch=args.batch, seq_len=args.seq_len, padded=args.padded, statistics=args.stats,
                   keymap=args.keymap or args.src, overwrite=args.overwrite, record_inputs=args.record_inputs,
-                  params=args.params, scope=args.scope)
+                  params=args.params, scope=args.scope, reference=args.reference)
     note = f"; inputs written to {args.inputs}" if result.inputs_written else ""
     console().print(f"[green]dumped[/] {result.records} tensors ({result.mode}, {result.bytes / 2**20:.1f} MiB) "
                     f"-> {result.out_dir}{note}", markup=True, highlight=False)
@@ -47,6 +47,9 @@ def register(sub) -> None:
     p.add_argument("--scope", metavar="REGEX", help="record only the modules whose name matches (and the model's "
                                                     "outputs), e.g. 'layers\\.(0|31)\\b'")
     p.add_argument("--overwrite", action="store_true", help="replace a dump folder migrate wrote")
+    p.add_argument("--reference", choices=["fp64", "none"], default="fp64",
+                   help="fp64 (default): a torch side also runs in float64 and each record keeps its own error "
+                        "against it, the noise reference migrate diff judges with; none: skip it")
     p.set_defaults(func=_cmd_dump)
 
 
@@ -83,7 +86,7 @@ def diff_any(args) -> int | None:
     report = compare_any(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
                          seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
                          mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
-                         inputs_file=args.inputs, dtype_given=args.dtype != "fp32")
+                         inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference)
     out = console()
     for line in report.pairing.lines():
         out.print(line, markup=False, highlight=False)

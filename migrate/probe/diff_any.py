@@ -11,13 +11,15 @@ to `STATS_L2_REL`. The report says so (``run.extra.statistics``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from migrate.align.inputs import Inputs, seeded_inputs
+from migrate.align.reference import TWIN
 from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds
+from migrate.align.thresholds import Thresholds, fallback_factor
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.judge import fmt_num
@@ -28,6 +30,7 @@ from migrate.probe.pairing import load_mapping, pair
 from migrate.probe.recording import MemoryRecording
 from migrate.probe.sides import call_model, open_side, side_kind
 from migrate.probe.stats import stats_metrics
+from migrate.probe.twin import twin_recording
 
 STATS_L2_REL = {"fp32": None, "fp16": 5e-3, "bf16": 2e-2}  # None: the max-abs bound judges
 STATS_NOTE = ("statistics mode: max abs is a lower bound, from the min/max/mean/L2 statistics and a 64-way "
@@ -49,6 +52,7 @@ class _Opened:
         self.versions = manifest.get("versions") or {}
         side = manifest.get("side") or {}
         self.label = (side.get("label") or manifest.get("framework", "dump")) + " dump" if self.dump else None
+        self.reference = manifest.get("reference") if isinstance(manifest.get("reference"), dict) else None
 
     def inputs(self) -> Inputs | None:
         if not self.dump:
@@ -64,7 +68,9 @@ def compare_any(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch
                 padded: bool = False, detail: bool = False, statistics: bool = False,
                 mapping: str | Path | None = None, thresholds=None,
                 keymap: str | None = None, inputs_file: str | Path | None = None,
-                dtype_given: bool = False) -> Report:
+                dtype_given: bool = False, reference: str = "fp64") -> Report:
+    """`reference`: "fp64" runs a live torch side's float64 twin (`probe.twin`); a dump brings the
+    noise it recorded. Where neither side has one, the fixed bounds scale for depth and width."""
     sides = [_Opened(spec, side_kind(spec)) for spec in (ref, got)]
     dumped = [s for s in sides if s.dump]
     dtypes = {s.dtype for s in dumped}
@@ -93,12 +99,21 @@ def compare_any(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch
         inputs = seeded_inputs(min(vocab), batch, seq_len, seed, padded, pad_id=pad)
     for s in sides:
         if s.side:
-            s.recording = MemoryRecording(statistics, None if inputs.mask is None else inputs.valid)
+            side = s.side
+            noise, s.reference = twin_recording(side, inputs, lambda m: call_model(replace(side, model=m), inputs),
+                                                reference)
+            s.recording = MemoryRecording(statistics, None if inputs.mask is None else inputs.valid, noise=noise)
             with hooks(s.side.model, s.recording):
                 call_model(s.side, inputs)
     ref_side, got_side = sides
     points, summary = pair(ref_side.recording.records, got_side.recording.records, ref_align=ref_side.align,
                            got_align=got_side.align, mapping=table, detail=detail)
+    noise_of = _noise_lookup(ref_side, got_side)
+    thresholds = _thresholds(thresholds, dtype)
+    ref_info = _reference_info(sides, any(noise_of(p) for p in points))
+    if ref_info["source"] == "fallback":
+        ref_info["factor"] = fallback_factor(*_model_size(points, ref_side.recording))
+        thresholds = thresholds.scaled(ref_info["factor"])
     # Short strings: report.md and report.html list `extra` in their Run table.
     extra = {"detail": detail, "sides": f"{sides[0].kind} vs {sides[1].kind}", "pairing": summary.lines()[0],
              "paired blocks": "; ".join(f"{b}: {r} ↔ {g} ({c})" for b, r, g, c, _ in summary.paired)}
@@ -107,18 +122,46 @@ def compare_any(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch
     report = Report(dtype=dtype, inputs=inputs.description, seed=seed, ref_dir=ref, got_dir=got,
                     ref_label=ref_side.label, got_label=got_side.label,
                     versions={"ref": ref_side.versions, "got": got_side.versions},
-                    thresholds=_thresholds(thresholds, dtype), extra=extra)
+                    thresholds=thresholds, extra=extra, reference=ref_info)
     for p in points:
+        noise = noise_of(p)
         if statistics:
-            _add_stats(report, p, ref_side.recording.stats(p.ref_key), got_side.recording.stats(p.got_key), dtype)
+            _add_stats(report, p, ref_side.recording.stats(p.ref_key), got_side.recording.stats(p.got_key), dtype,
+                       noise)
             continue
         a, b = ref_side.recording.array(p.ref_key), got_side.recording.array(p.got_key)
         if p.kind == "loss":
-            report.add(p.name, np.array(float(a)), np.array(float(b)), kind="loss")
+            report.add(p.name, np.array(float(a)), np.array(float(b)), kind="loss", noise=noise)
         else:
-            report.add(p.name, _valid(a, inputs), _valid(b, inputs), kind=p.kind, layer=p.layer, block=p.block)
+            report.add(p.name, _valid(a, inputs), _valid(b, inputs), kind=p.kind, layer=p.layer, block=p.block,
+                       noise=noise)
     report.pairing = summary  # what was paired, how and how surely (`pairing.Summary`; the CLI prints it)
     return report.finalize()
+
+
+def _noise_lookup(ref_side: "_Opened", got_side: "_Opened"):
+    """A paired point's noise figures: the reference side's own error vs its float64 twin, or the
+    other side's where only that one was measured (the bound is symmetric in the two sides)."""
+    def noise_of(p) -> dict | None:
+        return ref_side.recording.noise(p.ref_key) or got_side.recording.noise(p.got_key)
+    return noise_of
+
+
+def _reference_info(sides, measured: bool) -> dict:
+    """report.reference: the side whose twin measured the noise, or the fallback and why."""
+    if measured:
+        side = next(s for s in sides if (s.reference or {}).get("source") == TWIN)
+        return {"source": TWIN, "of": side.reference.get("of") or side.label}
+    reasons = [f"{s.label}: {(s.reference or {}).get('refused') or 'dumped without one'}" for s in sides]
+    return {"source": "fallback", "why": "; ".join(reasons)}
+
+
+def _model_size(points, recording) -> tuple[int | None, int | None]:
+    """(decoder layers, hidden width) from what was paired: the fallback bounds scale with both."""
+    layers = [p.layer for p in points if p.layer is not None]
+    shapes = {r["key"]: r.get("shape") for r in recording.records}
+    hidden = next((shapes.get(p.ref_key) for p in points if p.kind == "hidden" and shapes.get(p.ref_key)), None)
+    return (max(layers) + 1 if layers else None), (int(hidden[-1]) if hidden else None)
 
 
 def _thresholds(given, dtype: str) -> Thresholds:
@@ -135,8 +178,10 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
     return array[inputs.valid]
 
 
-def _add_stats(report: Report, p, ref: dict, got: dict, dtype: str) -> None:
+def _add_stats(report: Report, p, ref: dict, got: dict, dtype: str, noise: dict | None = None) -> None:
     metrics = stats_metrics(ref, got)
+    if noise and not metrics.get("error"):
+        metrics["noise"] = dict(noise)
     entry = report.add_metrics(p.name, metrics, kind=p.kind, layer=p.layer, block=p.block)
     bound = STATS_L2_REL.get(dtype)
     rel = metrics.get("rel_l2")

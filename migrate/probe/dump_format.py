@@ -8,7 +8,9 @@
                        table, when known), records, files
       modules.json     every record in execution order: key, module, io, index, call, order,
                        shape, dtype, file (the safetensors file holding it; null in statistics
-                       mode) and, in statistics mode, stats (`probe.stats.tensor_stats`)
+                       mode), in statistics mode stats (`probe.stats.tensor_stats`), and for a
+                       torch side dumped with its float64 twin (the default) noise: the tensor's
+                       own error against the twin (`align.reference.noise_figures`)
       inputs.npz       the ids / mask / labels fed (`probe.inputs_file`)
       tensors-00001.safetensors, ...   tensors mode: float32, named by record key; a file is
                        closed at about 256 MiB so memory holds one file's worth at most
@@ -50,9 +52,10 @@ class DumpWriter:
     """A sink for `recording.Recorder` that streams records into a dump folder."""
 
     def __init__(self, folder: Path, statistics: bool, shard_bytes: int = SHARD_BYTES,
-                 valid: np.ndarray | None = None):
+                 valid: np.ndarray | None = None, noise=None):
         self.folder = Path(folder)
         self.statistics = statistics
+        self.noise_source = noise  # `probe.twin.NoiseSource`: the record's own error vs its float64 twin
         self.valid = valid  # statistics mode: pad query rows left out
         self.shard_bytes = shard_bytes
         self.records: list[dict] = []
@@ -62,6 +65,10 @@ class DumpWriter:
 
     def put(self, record: dict, array: np.ndarray) -> None:
         record = dict(record)
+        if self.noise_source is not None:
+            figures = self.noise_source.figures(record, array)
+            if figures:
+                record["noise"] = figures
         if self.statistics:
             record["file"] = None
             record["stats"] = tensor_stats(valid_rows(array, self.valid))
@@ -130,6 +137,11 @@ class Dump:
             self._open[file] = safe_open(str(path), framework="numpy")
         # safe_open hands a 0-d tensor (a loss) back as (1,): the record's shape is the tensor's.
         return self._open[file].get_tensor(key).reshape(self._by_key[key]["shape"])
+
+    def noise(self, key: str) -> dict | None:
+        """The recorded tensor's own error against the side's float64 twin, when the dump measured it."""
+        noise = self._by_key[key].get("noise")
+        return noise if isinstance(noise, dict) else None
 
     def stats(self, key: str) -> dict:
         record = self._by_key[key]

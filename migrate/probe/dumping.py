@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from migrate import __version__
@@ -16,8 +16,10 @@ from migrate.align.inputs import Inputs, seeded_inputs
 from migrate.checkpoints.atomic import atomic_output_dir, atomic_write_bytes
 from migrate.errors import MigrateError
 from migrate.probe.dump_format import INPUTS, DumpWriter
+from migrate.probe.hooks import framework_of, hooks
 from migrate.probe.inputs_file import inputs_bytes, inputs_sha256, read_inputs
 from migrate.probe.sides import Side, call_model, open_side, side_kind
+from migrate.probe.twin import twin_recording
 
 
 @dataclass
@@ -27,30 +29,6 @@ class DumpResult:
     bytes: int
     mode: str
     inputs_written: bool
-
-
-def framework_of(model) -> str:
-    roots = {cls.__module__.split(".")[0] for cls in type(model).__mro__}
-    if "torch" in roots:
-        return "torch"
-    if "mindspore" in roots:
-        return "mindspore"
-    raise MigrateError(f"cannot record a {type(model).__name__}: neither a torch.nn.Module nor a MindSpore nn.Cell")
-
-
-@contextmanager
-def hooks(model, sink, *, inputs: bool = False, params: bool = False, grads: bool = False, include=None):
-    """Recording hooks on `model`, whichever framework it is (the heavy one imported here only)."""
-    if framework_of(model) == "torch":
-        from migrate.probe.hooks_torch import record_torch
-
-        with record_torch(model, sink, inputs=inputs, params=params, grads=grads, include=include) as rec:
-            yield rec
-    else:
-        from migrate.probe.hooks_ms import record_ms
-
-        with record_ms(model, sink, inputs=inputs, params=params, include=include) as rec:
-            yield rec
 
 
 def versions(framework: str) -> dict:
@@ -99,7 +77,7 @@ def model_identity(model, framework: str) -> dict:
 def record(model, out: str | Path, *, statistics: bool = False, inputs: Inputs | None = None,
            overwrite: bool = False, record_inputs: bool = False, params: bool = False, grads: bool = False,
            dtype: str | None = None, seed: int | None = None, extra: dict | None = None,
-           inputs_paths: tuple = (), include=None):
+           inputs_paths: tuple = (), include=None, noise=None):
     """Record every module's outputs while the block runs, into the dump folder `out`::
 
         from migrate.probe import record
@@ -108,7 +86,8 @@ def record(model, out: str | Path, *, statistics: bool = False, inputs: Inputs |
     """
     framework = framework_of(model)
     with atomic_output_dir(out, overwrite, command="dump", inputs=inputs_paths) as tmp:
-        writer = DumpWriter(tmp, statistics, valid=None if inputs is None or inputs.mask is None else inputs.valid)
+        writer = DumpWriter(tmp, statistics, valid=None if inputs is None or inputs.mask is None else inputs.valid,
+                            noise=noise)
         with hooks(model, writer, inputs=record_inputs, params=params, grads=grads, include=include) as rec:
             yield rec
         manifest = {"created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
@@ -142,9 +121,11 @@ def side_inputs(side: Side, inputs_file: str | Path | None, *, batch: int, seq_l
 def dump(spec: str, out: str | Path, *, dtype: str = "fp32", seed: int = 0, inputs_file: str | Path | None = None,
          batch: int = 2, seq_len: int = 16, padded: bool = False, statistics: bool = False,
          keymap: str | None = None, overwrite: bool = False, record_inputs: bool = False,
-         params: bool = False, scope: str | None = None) -> DumpResult:
+         params: bool = False, scope: str | None = None, reference: str = "fp64") -> DumpResult:
     """Run one side once on the shared inputs and write its dump folder; with `scope` (a regular
-    expression) only the modules whose name it finds, and the model's own outputs."""
+    expression) only the modules whose name it finds, and the model's own outputs. A torch side
+    also runs its float64 twin first (`probe.twin`; `reference="none"` skips it) and each record
+    keeps its own error against it: the noise reference `migrate diff` judges the dumps with."""
     include = None
     if scope is not None:
         try:
@@ -155,10 +136,13 @@ def dump(spec: str, out: str | Path, *, dtype: str = "fp32", seed: int = 0, inpu
         raise MigrateError(f"{spec} is a dump already; dump a model folder or module:factory")
     side = open_side(spec, dtype, seed, keymap)
     inputs, written = side_inputs(side, inputs_file, batch=batch, seq_len=seq_len, seed=seed, padded=padded)
-    extra = {"side": {"kind": side.kind, "source": side.source, "label": side.label}, "align": side.align}
+    noise, ref_entry = twin_recording(side, inputs, lambda model: call_model(replace(side, model=model), inputs),
+                                      reference)
+    extra = {"side": {"kind": side.kind, "source": side.source, "label": side.label}, "align": side.align,
+             "reference": ref_entry}
     with record(side.model, out, statistics=statistics, inputs=inputs, overwrite=overwrite,
                 record_inputs=record_inputs, params=params, dtype=dtype, seed=seed, extra=extra, include=include,
-                inputs_paths=(spec if side.kind != "user" else None, inputs_file)):
+                inputs_paths=(spec if side.kind != "user" else None, inputs_file), noise=noise):
         call_model(side, inputs)
     out = Path(out)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())

@@ -16,7 +16,8 @@ def _is_tensor(x) -> bool:
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy()
+    t = t.detach().cpu()
+    return t.numpy() if t.dtype == torch.float64 else t.float().numpy()  # a float64 twin stays float64
 
 
 def _dtype(t: torch.Tensor) -> str:

@@ -30,14 +30,19 @@ def display(module: str) -> str:
 class MemoryRecording:
     """A live side's records, held in memory (tensors or, in statistics mode, summaries)."""
 
-    def __init__(self, statistics: bool = False, valid: np.ndarray | None = None):
+    def __init__(self, statistics: bool = False, valid: np.ndarray | None = None, noise=None):
         self.statistics = statistics
         self.valid = valid
+        self.noise_source = noise  # `probe.twin.NoiseSource`: each record's own error vs its float64 twin
         self.records: list[dict] = []
         self._arrays: dict[str, np.ndarray] = {}
         self._stats: dict[str, dict] = {}
 
     def put(self, record: dict, array: np.ndarray) -> None:
+        if self.noise_source is not None:
+            figures = self.noise_source.figures(record, array)
+            if figures:
+                record = {**record, "noise": figures}
         self.records.append(record)
         if self.statistics:
             self._stats[record["key"]] = tensor_stats(valid_rows(array, self.valid))
@@ -46,6 +51,9 @@ class MemoryRecording:
 
     def array(self, key: str) -> np.ndarray | None:
         return None if self.statistics else self._arrays[key]
+
+    def noise(self, key: str) -> dict | None:
+        return next((r.get("noise") for r in self.records if r["key"] == key), None)
 
     def stats(self, key: str) -> dict:
         if key not in self._stats:
