@@ -4,7 +4,8 @@ Greedy: HF's `generate` (its own KV cache, eager attention) on the same left-pad
 the same stop, pad and repetition-penalty settings. Judged through `migrate.judge`: the tokens
 must be identical (`match`: the first differing step, row and ids otherwise) and every step's raw
 logits (HF's `output_logits`) must agree within `migrate diff`'s logits bounds (fp32: max abs
-1e-5 in units of the peak beyond 1, cosine, top-1, KL) up to the first differing token, after
+1e-5 in units of the peak beyond 1, cosine, top-1, KL), widened to K x HF's own error against its
+float64 twin run along the same tokens (`align.reference`), up to the first differing token, after
 which the two runs read different sequences.
 
 Sampling: both frameworks draw from their own random generator, so HF cannot draw our tokens by
@@ -17,6 +18,7 @@ as is every drawn token lying inside HF's distribution (`support`).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +27,9 @@ import torch
 
 from migrate.align.checks import tensor_checks
 from migrate.align.metrics import generation_metrics, logits_metrics
+from migrate.align.reference import noise_figures, tie_margin
 from migrate.align.thresholds import Thresholds
+from migrate.align.twin_memory import twin_refused
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.infer.batch import Batch
@@ -44,17 +48,19 @@ class HFComparison:
     steps_compared: int
     logits_max_abs: list[float] = field(default_factory=list)   # per compared step
     mode: str = "greedy"
+    noise_reference: bool = False   # bounds widened to HF's own error against its float64 twin
 
     def line(self) -> str:
         worst = max(self.logits_max_abs) if self.logits_max_abs else float("nan")
         at = int(np.argmax(self.logits_max_abs)) if self.logits_max_abs else None
+        ref = "bounds from the float64 noise reference" if self.noise_reference else ""
         if self.verdict.passed:
             tokens = f"{self.hf_tokens.shape[1]} steps × {self.hf_tokens.shape[0]} rows identical"
             if self.mode == "sampling":
                 tokens = f"{self.hf_tokens.shape[1]} sampled steps inside HF's distribution"
-            return self.verdict.line(tokens, f"logits max abs {fmt_num(worst)} (step {at})")
+            return self.verdict.line(tokens, f"logits max abs {fmt_num(worst)} (step {at})", ref)
         return self.verdict.line(self.verdict.first_failure.reason(),
-                                 f"logits max abs {fmt_num(worst)} over {self.steps_compared} steps")
+                                 f"logits max abs {fmt_num(worst)} over {self.steps_compared} steps", ref)
 
 
 def load_hf_model(hf_dir, dtype: str = "fp32"):
@@ -86,8 +92,10 @@ class _Follow:
         return forced
 
 
-def hf_generate(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, pad_id, follow=None):
-    """HF `generate` on the batch: (new tokens (b, t), raw logits per step (b, vocab) fp32)."""
+def hf_generate(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, pad_id, follow=None,
+                exact: bool = False):
+    """HF `generate` on the batch: (new tokens (b, t), raw logits per step (b, vocab) fp32, float64
+    with `exact`)."""
     from transformers import LogitsProcessorList
 
     kwargs = sampling.hf_kwargs() if follow is None else dict(do_sample=False)
@@ -99,7 +107,7 @@ def hf_generate(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, p
             output_logits=True, return_dict_in_generate=True, logits_processor=extra,
             no_repeat_ngram_size=0, num_beams=1, **kwargs)
     tokens = out.sequences[:, batch.prompt_len:].numpy()
-    return tokens, [x.float().numpy() for x in out.logits]
+    return tokens, [(x.double() if exact else x.float()).numpy() for x in out.logits]
 
 
 def hf_processed(hf_logits: list[np.ndarray], sequences: np.ndarray, prompt_len: int, sampling: Sampling):
@@ -147,9 +155,25 @@ def _worse(a: Check, b: Check) -> bool:
         return False
 
 
+def _twin_logits(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, pad_id, along: np.ndarray,
+                 reference: str) -> list[np.ndarray] | None:
+    """HF's model in float64 following the sequence `along` (HF's own tokens, or ours when sampling):
+    each step's exact logits, the noise reference of every step (`align.reference`); None where the
+    float64 copy does not fit or is not wanted."""
+    if not steps or twin_refused(model, reference):
+        return None
+    twin = copy.deepcopy(model).to(torch.float64)
+    try:
+        _, logits = hf_generate(twin, batch, steps, sampling, stop_ids, pad_id, follow=along[:, :steps], exact=True)
+    finally:
+        del twin
+    return logits
+
+
 def compare_with_hf(hf_dir, ours: Generation, batch: Batch, sampling: Sampling, stop_ids, pad_id,
-                    dtype: str = "fp32", model=None) -> HFComparison:
-    """Run HF beside `ours` (recorded with record_logits=True) and judge (see the module docstring)."""
+                    dtype: str = "fp32", model=None, reference: str = "fp64") -> HFComparison:
+    """Run HF beside `ours` (recorded with record_logits=True) and judge (see the module docstring).
+    `reference` "fp64": every step's logits bounds widen to HF's own error against its float64 twin."""
     model = model if model is not None else load_hf_model(hf_dir, dtype)
     vocab = ours.logits[0].shape[-1]
     if model.config.get_text_config().vocab_size != vocab:
@@ -165,9 +189,15 @@ def compare_with_hf(hf_dir, ours: Generation, batch: Batch, sampling: Sampling, 
     first = tokens["first_diff_step"]
     compared = len(hf_logits) if first is None else first + 1
     compared = min(compared, len(hf_logits), len(ours.logits))
+    exact = _twin_logits(model, batch, compared, sampling, stop_ids, pad_id,
+                         hf_tokens if sampling.greedy else ours.tokens, reference)
     per_step, max_abs = [], []
+    k = thresholds.bounds("logits").widens("top1")
     for step in range(compared):
-        metrics = logits_metrics(hf_logits[step], ours.logits[step])
+        noise = noise_figures(hf_logits[step], exact[step], logits=True) if exact else None
+        metrics = logits_metrics(hf_logits[step], ours.logits[step], tie_margin=tie_margin(noise, k) if noise else None)
+        if noise:
+            metrics["noise"] = noise
         max_abs.append(float(metrics.get("max_abs") or 0.0))
         per_step.append(tensor_checks(metrics, "logits", thresholds))
     checks = _first_failures(per_step)
@@ -180,7 +210,7 @@ def compare_with_hf(hf_dir, ours: Generation, batch: Batch, sampling: Sampling, 
     if not sampling.greedy:
         checks += _sampling_checks(hf_logits, ours, batch, sampling, thresholds)
     return HFComparison(Verdict(checks, ORDER), hf_tokens, compared, max_abs,
-                        "greedy" if sampling.greedy else "sampling")
+                        "greedy" if sampling.greedy else "sampling", noise_reference=bool(exact))
 
 
 def _sampling_checks(hf_logits, ours: Generation, batch: Batch, sampling: Sampling, thresholds) -> list[Check]:
