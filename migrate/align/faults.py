@@ -17,12 +17,12 @@ from typing import Callable
 
 import mindspore as ms
 import numpy as np
-from mindspore import mint
+from mindspore import mint, nn
 
 from migrate.errors import MigrateError
 from migrate.models.base import ModelCell
 from migrate.models.common import CausalMask, CrossEntropy, ShiftedCrossEntropy
-from migrate.models.llama import RepeatKV, RMSNorm, UnitOffsetRMSNorm
+from migrate.models.llama import LlamaFeedForward, RepeatKV, RMSNorm, UnitOffsetRMSNorm
 from migrate.models.registry import build_model
 from migrate.models.rope import rope_inv_freq
 from migrate.models.rotary import RotaryEmbedding, RotateHalf
@@ -32,9 +32,9 @@ from migrate.models.rotary import RotaryEmbedding, RotateHalf
 class Fault:
     name: str
     description: str
-    block: str                 # where the first divergence must be found
+    block: str                 # where the first divergence must be found ("grad": the first gradient divergence)
     per_layer: bool            # True: hits the chosen layer; False: shows from layer 0 (or has no layer)
-    needs: tuple[str, ...]     # conditions on the run: padded, low_precision, tied, gqa
+    needs: tuple[str, ...]     # conditions on the run: padded, low_precision, tied, gqa, grads
     inject: Callable           # (side, layer) -> None: changes side.model in place (or replaces it)
 
     def apply(self, side, layer: int) -> None:
@@ -107,6 +107,35 @@ class NoUpcastRMSNorm(RMSNorm):
         return self._r(weight * h)
 
 
+class ScaleGrad(nn.Cell):
+    """Identity forward; the gradient flowing back through it is multiplied by `factor`."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (dout * self.factor,)
+
+
+class GradScaledFeedForward(LlamaFeedForward):
+    """The layer's MLP with its output gradient scaled: a backward-only fault (the forward is
+    bit-identical), the kind a hand-written bprop or a wrong loss-scale unscale leaves."""
+
+    def __init__(self, like: LlamaFeedForward, factor: float):
+        ModelCell.__init__(self, like.precision)  # built around the MLP's own weights
+        for name, cell in like.name_cells().items():
+            setattr(self, name, cell)
+        self.ffn_concat, self.intermediate_size, self.act_fn = like.ffn_concat, like.intermediate_size, like.act_fn
+        self.scale = ScaleGrad(factor)
+
+    def construct(self, x):
+        return self.scale(super().construct(x))
+
+
 # ---------------------------------------------------------------- the faults
 
 def _layers(side):
@@ -174,6 +203,14 @@ def _loss_no_shift(side, layer):
     replace_cells(side.model, ShiftedCrossEntropy, lambda cell: CrossEntropy(cell.vocab_size, cell.ignore_index))
 
 
+def _mlp_grad_scale(side, layer):
+    """Layer `layer`'s MLP gradient 1 % too large in the backward pass."""
+    parent = _layers(side)[layer]
+    parent.feed_forward = GradScaledFeedForward(parent.feed_forward, 1.01)
+    for name, param in side.model.parameters_and_names():
+        param.name = name
+
+
 def _rope_theta(side, layer):
     """RoPE base left at 10000 when the model says otherwise (or 10x off when it is 10000)."""
     c = side.config
@@ -201,16 +238,28 @@ FAULTS = {f.name: f for f in (
 )}
 
 
+# Faults only the backward pass shows (`migrate diff --grads`): located by the first gradient divergence.
+GRAD_FAULTS = {f.name: f for f in (
+    Fault("mlp_grad_scale", "one layer's MLP gradient scaled by 1.01 in the backward pass (forward untouched)",
+          "grad", True, ("grads",), _mlp_grad_scale),
+)}
+
+
+def all_faults() -> dict[str, Fault]:
+    return {**FAULTS, **GRAD_FAULTS}
+
+
 def parse_fault(spec: str) -> tuple[Fault, int | None]:
     name, _, layer = spec.partition("@")
-    if name not in FAULTS:
-        raise MigrateError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    known = all_faults()
+    if name not in known:
+        raise MigrateError(f"unknown fault {name!r}; known: {', '.join(known)}")
     if layer and not layer.isdigit():
         raise MigrateError(f"fault layer must be a number: {spec!r}")
-    return FAULTS[name], int(layer) if layer else None
+    return known[name], int(layer) if layer else None
 
 
-def check_fault(fault: Fault, config, dtype: str, padded: bool, layer: int | None) -> int:
+def check_fault(fault: Fault, config, dtype: str, padded: bool, layer: int | None, grads: bool = False) -> int:
     """Validate the run suits the fault; returns the layer it targets."""
     if getattr(config, "qkv_concat", True):  # GPT-2/BERT configs have no such field
         raise MigrateError("fault injection patches the bundled Llama with separate q/k/v and gate/up "
@@ -223,6 +272,8 @@ def check_fault(fault: Fault, config, dtype: str, padded: bool, layer: int | Non
         raise MigrateError(f"fault {fault.name} shows only on a padded batch: add --padded")
     if "low_precision" in fault.needs and dtype == "fp32":
         raise MigrateError(f"fault {fault.name} shows only in low precision: add --dtype bf16")
+    if "grads" in fault.needs and not grads:
+        raise MigrateError(f"fault {fault.name} shows only in the backward pass: add --grads")
     if layer is None:
         layer = config.num_layers // 2 if fault.per_layer else 0
     if not 0 <= layer < config.num_layers:
