@@ -179,17 +179,23 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) 
         )
     backward = list(reversed(ms_order))  # lm_head first: the order backprop visits them
     for name in backward:
-        report.add(name, ref_grads[name], ms_grads[name], kind="grad", exact=ex_grads.get(name))
+        report.add(name, ref_grads.pop(name), ms_grads.pop(name), kind="grad", exact=ex_grads.pop(name, None))
+    del hf_grads, ref_grads, ex_grads
+    for side in (hf_side, twin):  # their gradients are judged: free them before the optimizer step
+        if side is not None:
+            side.model.zero_grad(set_to_none=True)
     # The optimizer in isolation: MindSpore's AdamW step against torch's on the same (MindSpore's)
     # gradients. Stepping each side from its own gradients would judge the gradients again, through
     # AdamW's first step, which maps a gradient near zero to a move of up to lr whichever way its
     # rounding falls (on SmolLM2 one tensor moved 60x further than torch's own float64 twin).
-    params, grads = ms_side.parameters_and_grads()
-    ref_after = torch_adamw_step(params, grads, lr=lr, **ADAMW)
-    ex_after = torch_adamw_step(params, grads, lr=lr, exact=True, **ADAMW) if twin else {}
+    # AdamW is elementwise per tensor, so torch's reference steps one tensor at a time.
     ms_after = ms_side.adamw_step(lr=lr, **ADAMW)
+    params, grads = ms_side.parameters_and_grads()
     for name in backward:
-        report.add(name, ref_after[name], ms_after[name], kind="param_after_step", exact=ex_after.get(name))
+        one = ({name: params.pop(name)}, {name: grads.pop(name)})
+        ref_after = torch_adamw_step(*one, lr=lr, **ADAMW)[name]
+        exact = torch_adamw_step(*one, lr=lr, exact=True, **ADAMW)[name] if twin else None
+        report.add(name, ref_after, ms_after.pop(name), kind="param_after_step", exact=exact)
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
 
 
