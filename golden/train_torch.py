@@ -20,7 +20,11 @@ Writes to the output folder:
                  (this step's), mfu (with ms_model: `migrate train`'s estimate, see
                  `throughput_basis`); fp16 adds loss_scale (the one this step used)
                  and skipped; a step the health watch flags adds health (its event
-                 kinds), and skipped where the policy skipped it
+                 kinds), and skipped where the policy skipped it. Step 1 adds the
+                 golden's own rounding against a float64 twin (`fp64_reference`;
+                 run.yaml `reference: auto | fp64 | off`): loss_fp64,
+                 loss_fp64_rel_diff, loss_fp64_seq_err, loss_fp64_token_err,
+                 grad_norm_fp64, grad_norm_fp64_rel_diff, grad_norm_fp64_tensor_err
   effective_hparams.json  read back from the live model/optimizer/scheduler
   health.jsonl, health_batches/  the health watch's events (`migrate.train.health_log`)
   events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`; tensorboard: false to omit)
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import random
@@ -64,6 +69,9 @@ from migrate.train.tensorboard import RunBoard  # noqa: E402
 
 # "bf16" -> torch.bfloat16; fp32 runs without autocast
 AUTOCAST = {p.name: getattr(torch, p.compute) if p.low else None for p in PRECISIONS.values()}
+# reference: auto measures step 1 in float64 where the twin (weights and gradients, 16 bytes a
+# parameter) and the golden's step-1 gradients (4) take at most this share of the memory available
+REFERENCE_MEMORY_SHARE = 0.5
 
 
 def seed_everything(seed: int) -> None:
@@ -316,6 +324,103 @@ def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
     return model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
 
 
+def reference_skipped(cfg: RunConfig, model, available: int | None = None) -> str | None:
+    """Why step 1 is not measured against a float64 twin (None: it is). Dropout draws other masks
+    in the twin, so its loss would be no reference; `auto` also skips a twin that does not fit."""
+    if cfg.reference == "off":
+        return "reference: off"
+    dropout = {k: v for k, v in model.config.to_dict().items()
+               if k.endswith("dropout") and isinstance(v, (int, float)) and v > 0}
+    if cfg.lora is not None and cfg.lora.dropout > 0:
+        dropout["lora.dropout"] = cfg.lora.dropout
+    if dropout:
+        return (f"dropout is on ({', '.join(f'{k} {v:g}' for k, v in dropout.items())}): a float64 twin draws "
+                "other masks, so its loss is no reference")
+    if cfg.reference == "fp64":
+        return None
+    every = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    need = 8 * every + 12 * trainable  # twin weights, twin gradients, the golden's own gradients
+    if available is None:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    if need > REFERENCE_MEMORY_SHARE * available:
+        return (f"a float64 twin needs {need / 2**30:.1f} GiB, more than {REFERENCE_MEMORY_SHARE:.0%} of the "
+                f"{available / 2**30:.1f} GiB available (reference: fp64 measures it anyway)")
+    return None
+
+
+def fp64_reference(model, batches: list, cfg: RunConfig, params: list, scaler=None) -> dict:
+    """Step 1's loss and gradient norm as the golden computes them, beside a float64 twin's.
+
+    The twin is `copy.deepcopy(model).double()`: the very weights step 1 uses, in the same train /
+    eval mode, without autocast (in bf16 / fp16 runs the fp32 master weights in float64, so the
+    figures are the golden's own low-precision error). Each micro-batch of ``batches`` (step 1's
+    rows) runs forward and backward on both, the golden's as in its loop (autocast, loss /
+    grad_accum_steps, fp16's loss scale undone as GradScaler.unscale_ does; the norm over
+    ``params``, the optimizer's, in its order, as clip_grad_norm_ sums it). With e_t = the
+    golden's loss of token t minus the twin's, the returned fields are:
+
+      loss_fp64                  mean of the twin's micro-batch losses (as ``loss`` is of the golden's)
+      loss_fp64_rel_diff         |loss - loss_fp64| / |loss_fp64|: the plain difference, which can be
+                                 lucky (errors of opposite sign cancel)
+      loss_fp64_seq_err          mean over the step's sequences of |mean of e_t over the sequence| /
+                                 |loss_fp64|: bounds the golden's own error (the plain difference is
+                                 at most it) without assuming the sequences' errors cancel
+      loss_fp64_token_err        mean over tokens of |e_t| / |loss_fp64|: the same bound per token,
+                                 looser where tokens round independently (bf16: 40x the plain one)
+      grad_norm_fp64             the twin's global gradient norm
+      grad_norm_fp64_rel_diff    |grad_norm - grad_norm_fp64| / grad_norm_fp64
+      grad_norm_fp64_tensor_err  sum over tensors of |sum g^2 - sum g_fp64^2| / (2 grad_norm_fp64^2):
+                                 the same kind of bound on the norm's error, tensor by tensor
+
+    Nothing of the golden's training changes: the torch RNG state is restored, the golden's
+    gradients are dropped (set to None, as zero_grad leaves them) and the twin is freed."""
+    import torch.nn.functional as F
+
+    autocast, accum = AUTOCAST[cfg.dtype], cfg.grad_accum_steps
+    scale = scaler.get_scale() if scaler is not None else None
+    with torch.random.fork_rng(devices=[]):
+        twin = copy.deepcopy(model).double()
+        losses, losses64, token_err = [], [], []
+        for rows in batches:
+            inputs, targets = rows[:, :-1], rows[:, 1:].contiguous()
+            with _autocast(autocast):
+                logits = model(input_ids=inputs).logits
+                loss = model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
+            scaled = loss / accum
+            (scaled * scale if scale is not None else scaled).backward()
+            losses.append(loss.item())
+            tokens = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten(), reduction="none")
+            del logits
+            logits64 = twin(input_ids=inputs).logits
+            tokens64 = F.cross_entropy(logits64.flatten(0, 1), targets.flatten(), reduction="none")
+            (tokens64.mean() / accum).backward()
+            losses64.append(tokens64.mean().item())
+            token_err.append((tokens.double() - tokens64.detach()).view(targets.shape))  # e_t, one row a sequence
+            del logits64, tokens64
+        twin_of = {id(p): q for p, q in zip(model.parameters(), twin.parameters())}
+        pairs = [(p, twin_of[id(p)]) for p in params if p.grad is not None]
+        grads = [p.grad if scale is None else p.grad * torch.tensor(1.0 / scale, dtype=torch.float32)
+                 for p, _ in pairs]  # GradScaler.unscale_ multiplies by the fp32 inverse scale
+        grad_norm = float(torch.nn.utils.get_total_norm(grads))  # as clip_grad_norm_ measures it
+        squares = [(float(g.double().pow(2).sum()), float(q.grad.pow(2).sum())) for g, (_, q) in zip(grads, pairs)]
+        del twin, grads, pairs
+    for p in model.parameters():
+        p.grad = None
+    loss, loss64, err = sum(losses) / len(losses), sum(losses64) / len(losses64), torch.cat(token_err)
+    out = {"loss_fp64": loss64, "loss_fp64_rel_diff": abs(loss - loss64) / abs(loss64),
+           "loss_fp64_seq_err": float(err.mean(dim=1).abs().mean()) / abs(loss64),
+           "loss_fp64_token_err": float(err.abs().mean()) / abs(loss64)}
+    norm64_sq = sum(b for _, b in squares)
+    if math.isfinite(grad_norm) and norm64_sq > 0:  # an fp16 overflow has no gradient figure
+        norm64 = math.sqrt(norm64_sq)
+        out.update(grad_norm_fp64=norm64, grad_norm_fp64_rel_diff=abs(grad_norm - norm64) / norm64,
+                   grad_norm_fp64_tensor_err=sum(abs(a - b) for a, b in squares) / (2 * norm64_sq))
+    return {k: _finite(v) for k, v in out.items()}
+
+
 def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=(), profile: bool = False) -> Path:
     """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json,
     health.jsonl, TensorBoard events). step_faults: `migrate.train.step_faults` specs, applied
@@ -344,6 +449,7 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     health = HealthLog(build_health_watch(cfg), out, cfg.data, cfg.seq_length, log)
     board = RunBoard(out if cfg.tensorboard else None)
     prof, records = profile_for(profile), []  # off: no clock, no fields
+    reference = _step1_reference(cfg, model, params, samples, order, scaler, log)  # before the clock starts
     start, tokens = time.perf_counter(), 0
     with open(out / "metrics.jsonl", "w") as metrics, contextlib.closing(board):
         for step in range(cfg.total_steps):
@@ -408,6 +514,8 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
                 record["skipped"] = True
             if verdict.events:
                 record["health"] = [e.kind for e in verdict.events]
+            if step == 0:
+                record.update(reference)
             record.update(prof.end(now - step_start))
             records.append(record)
             metrics.write(json.dumps(record) + "\n")
@@ -422,6 +530,24 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     if profile:
         log(format_breakdown(records, "golden PyTorch step time"))
     return out
+
+
+def _step1_reference(cfg: RunConfig, model, params, samples, order, scaler, log) -> dict:
+    """`fp64_reference` on step 1's rows, or {} with a note saying why it is skipped."""
+    why = reference_skipped(cfg, model)
+    if why is not None:
+        if cfg.reference != "off":
+            log(f"note: no float64 reference at step 1: {why}; `migrate compare` falls back to depth-scaled bounds")
+        return {}
+    batches = [torch.from_numpy(np.asarray(samples[order[0, micro]], dtype=np.int64))
+               for micro in range(cfg.grad_accum_steps)]
+    reference = fp64_reference(model, batches, cfg, params, scaler)  # get_scale() only reads the scaler
+    figures = {k: "n/a" if v is None else f"{v:.2e}" for k, v in reference.items()}
+    log(f"float64 reference at step 1: loss rel diff {figures['loss_fp64_rel_diff']} (per sequence "
+        f"{figures['loss_fp64_seq_err']}, per token {figures['loss_fp64_token_err']})"
+        + (f", grad norm rel diff {figures['grad_norm_fp64_rel_diff']} (per tensor "
+           f"{figures['grad_norm_fp64_tensor_err']})" if "grad_norm_fp64" in figures else ""))
+    return reference
 
 
 def _check_vocab(cfg: RunConfig, model) -> None:

@@ -104,6 +104,8 @@ TABLE: tuple[Translation, ...] = (
     Translation("health, tensorboard", "(not translated)", "",
                 "migrate's health watch and event files run in migrate train and the golden script; MindFormers "
                 "has its own tensorboard: and monitor_config: sections", "", "—"),
+    Translation("reference", "(not translated)", "",
+                "the golden script's float64 measure of its own step-1 rounding; no MindSpore side reads it", "", "—"),
     Translation("hf_model, ms_model, micro_batch_size, peak_flops, lora", "load_checkpoint (the converted .ckpt "
                 "file, or the folder of shards)", "strict load: nothing missing or unused", "peak_flops and lora "
                 "are not translated", "trainer/utils.py get_load_checkpoint_result", "7 models load strictly"),

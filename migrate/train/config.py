@@ -142,6 +142,9 @@ class LossScaleConfig:
 
 
 HEALTH_POLICIES = ("warn", "skip", "stop")
+# The golden's float64 measure of its own first-step rounding (golden/train_torch.py `fp64_reference`):
+# auto runs it where the float64 twin fits in memory, fp64 always, off never. `migrate train` ignores it.
+REFERENCES = ("auto", "fp64", "off")
 
 
 @dataclass
@@ -211,6 +214,7 @@ class RunConfig:
     lora: LoraSpec | None = None       # LoRA instead of full training (migrate.lora.spec)
     health: HealthConfig = field(default_factory=HealthConfig)  # the health watch (migrate.train.health)
     tensorboard: bool = True           # TensorBoard event files in the run folder (migrate.train.tensorboard)
+    reference: Any = "auto"            # golden only: auto | fp64 | off, its step-1 loss and grad norm in float64 too
     source: Path | None = field(default=None, compare=False)  # the YAML file, when loaded from one
 
     # ---------- loading ----------
@@ -264,6 +268,11 @@ class RunConfig:
             raise _Bad("dtype", f"unknown dtype {self.dtype!r}{_did_you_mean(self.dtype, SPELLINGS)}; "
                                 f"use fp32, bf16 or fp16")
         self.dtype = SPELLINGS[self.dtype]
+        if self.reference is False:  # YAML 1.1 reads a bare `off` as false
+            self.reference = "off"
+        if not isinstance(self.reference, str) or self.reference not in REFERENCES:
+            raise _Bad("reference", f"unknown reference {self.reference!r}"
+                                    f"{_did_you_mean(str(self.reference), REFERENCES)}; use {', '.join(REFERENCES)}")
         _require(not self.eval_interval or self.eval_data is not None, "eval_data", "eval_interval needs eval_data")
         for name in ("optimizer", "schedule", "loss_scale", "out_dir", "health"):
             getattr(self, name)._validate(name + ".")

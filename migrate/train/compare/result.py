@@ -62,6 +62,7 @@ class CompareResult:
     drift_limit: float | None = None        # drift x the first steps' level, where the drift rule applies
     hparams: Any = None                     # hparams_check.HparamsCheck: the effective_hparams.json cross-check
     formats: dict = field(default_factory=dict)  # side -> log format read (log_formats.FORMATS key)
+    reference: Any = None                   # reference.FirstStepScale: where the first-step bounds' scale came from
 
     # ----------------------------------------------------------------- verdict
     @property
@@ -157,6 +158,7 @@ class CompareResult:
             "checks": [c.to_dict() for c in self.checks],
             "noise": self.noise_figures or None,
             "hparams": None if self.hparams is None else self.hparams.to_dict(),
+            "reference": None if self.reference is None else self.reference.to_dict(),
             "notes": self.notes,
             "fail_steps": self.fail_steps,
             "per_step": per_step,

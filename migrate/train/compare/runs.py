@@ -22,6 +22,7 @@ from migrate.train.compare.log_alignment import (
 )
 from migrate.train.compare.metrics_log import Run
 from migrate.train.compare.readers import read_run
+from migrate.train.compare.reference import SCALED, first_step_scale, scaled_bounds
 from migrate.train.compare.result import CompareResult
 from migrate.train.compare.rules import (
     agreement_rules,
@@ -47,16 +48,21 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
     """Read and compare the golden and MindSpore metrics (and optionally a noise run).
 
     ``tolerances``: a `Tolerances`, or a mapping of overrides onto the dtype's
-    defaults (None values keep the default). ``hparams``: the two runs'
+    defaults (None values keep the default); the first-step and grad-norm bounds
+    not set explicitly take their scale from the golden's own step-1 rounding
+    (`reference`). ``hparams``: the two runs'
     effective_hparams.json (golden's first); by default the files beside the
     two metrics.jsonl, and the cross-check is skipped, saying so, where one is
     missing. Raises `MigrateError` on bad input.
     """
     dt = canonical_dtype(dtype)
     tol = Tolerances.for_dtype(dt)
+    given: tuple[str, ...] = ()   # bounds set explicitly: the run's own scale does not move them
     if isinstance(tolerances, Tolerances):
+        given = tuple(k for k in SCALED if getattr(tolerances, k) != getattr(tol, k))
         tol = dataclasses.replace(tolerances, dtype=dt)
     elif tolerances is not None:
+        given = tuple(k for k, v in dict(tolerances).items() if v is not None)
         tol = tol.with_overrides(**dict(tolerances))
     golden = read_run(golden_path, "golden")
     ms = read_run(ms_path, "MindSpore")
@@ -68,11 +74,13 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
     res.notes[:0] = notes
     res.formats = {"golden": golden.format, "ms": ms.format}
     mask_unlogged(res, golden, ms)
+    res.hparams = cross_check(golden.path, ms.path, hparams)
+    res.reference = first_step_scale(golden, int(res.steps[0]), res.hparams, tol, given)  # the golden's own rounding
+    tol = scaled_bounds(tol, res.reference, res.notes)
     res.tolerances, drift_floor = resolution_bounds(
         golden, ms, res.steps, {"loss": res.loss_golden, "lr": res.lr_golden, "grad_norm": res.grad_golden},
         tol, res.notes)
     tol = res.tolerances
-    res.hparams = cross_check(golden.path, ms.path, hparams)
     golden = torch_clip_golden(golden, ms, res.hparams, tol.dtype, res.notes)
     checks = [hparams_rule(res.hparams, res)]
     checks += coverage_rule(golden, ms, res)
@@ -81,7 +89,8 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
         measure_noise(noise, res)
     k = band_factor(res, noise is not None)
     checks += loss_rules(res, k)
-    drift = drift_check(res.steps, res.loss_golden, res.loss_ms, tol, res, floor=drift_floor)
+    drift = drift_check(res.steps, res.loss_golden, res.loss_ms, tol, res, floor=drift_floor,
+                        noise=res.reference.loss_noise or 0.0)
     if drift is not None:
         checks.append(drift)
     checks.append(lr_rule(res))
