@@ -7,8 +7,10 @@ measurement in a child process of its own (peak RSS is the child's own VmHWM, im
 included; times exclude the imports):
 
   bare HF / bare MS   load the model, one forward without hooks
-  diff live           `migrate.align.compare` (HF vs converted, live)
-  dump HF / MS        `migrate dump` in tensors mode and in statistics mode
+  diff live           `migrate.align.compare` (HF vs converted, live), with HF's float64 twin (the
+                      noise reference, the default) and with --reference none
+  dump HF / MS        `migrate dump` in tensors mode and in statistics mode (HF: with its twin,
+                      and once in tensors mode without)
   diff dumps          `compare_any` on the two tensor dumps, and on the two statistics dumps
 
 and prints: diff wall time ÷ the two bare runs (load + forward), dump size, and peak RSS ÷
@@ -82,13 +84,14 @@ def run_child(spec: dict) -> dict:
         from migrate.align import compare
 
         started = time.perf_counter()
-        report = compare(spec["hf"], spec["ms"])
+        report = compare(spec["hf"], spec["ms"], reference=spec.get("reference", "fp64"))
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "passed": report.passed}
     if task == "dump":
         from migrate.probe import dump
 
         started = time.perf_counter()
-        result = dump(spec["side"], spec["out"], inputs_file=spec["inputs"], statistics=spec["stats"])
+        result = dump(spec["side"], spec["out"], inputs_file=spec["inputs"], statistics=spec["stats"],
+                      reference=spec.get("reference", "fp64"))
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "bytes": result.bytes,
                 "records": result.records}
     if task == "diff_dumps":
@@ -122,6 +125,9 @@ def main(argv=None) -> int:
               f"inputs 2×16 seeded ids")
         bare_hf, bare_ms = _child("bare_hf", {"hf": hf}), _child("bare_ms", {"ms": ms_dir})
         live = _child("diff_live", {"hf": hf, "ms": ms_dir})
+        live_bare = _child("diff_live", {"hf": hf, "ms": ms_dir, "reference": "none"})
+        dump_bare = _child("dump", {"side": hf, "out": str(work / "d_HF_noref"), "inputs": inputs, "stats": False,
+                                    "reference": "none"})
         dumps = {}
         for side, path in (("HF", hf), ("MS", ms_dir)):
             for stats in (False, True):
@@ -133,12 +139,13 @@ def main(argv=None) -> int:
         bare = bare_hf["seconds"] + bare_ms["seconds"]
         print(f"\n{'run':<30}{'wall s':>9}{'÷ bare':>9}{'peak RSS GiB':>14}{'÷ weights':>11}{'dump MiB':>10}")
         rows = [("bare HF (load + forward)", bare_hf, None), ("bare MS (load + forward)", bare_ms, None),
-                ("migrate diff, live", live, None), ("dump HF, tensors", dumps["HF", False], "b"),
+                ("migrate diff, live", live, None), ("  … --reference none", live_bare, None),
+                ("dump HF, tensors", dumps["HF", False], "b"), ("  … --reference none", dump_bare, "b"),
                 ("dump HF, statistics", dumps["HF", True], "b"), ("dump MS, tensors", dumps["MS", False], "b"),
                 ("dump MS, statistics", dumps["MS", True], "b"), ("migrate diff, tensor dumps", diff_t, None),
                 ("migrate diff, statistics dumps", diff_s, None)]
         for label, r, size in rows:
-            ratio = f"{r['seconds'] / bare:>9.2f}" if "diff" in label else f"{'':>9}"
+            ratio = f"{r['seconds'] / bare:>9.2f}" if "diff" in label or r is live_bare else f"{'':>9}"
             mib = f"{r['bytes'] / 2**20:>10.2f}" if size else f"{'':>10}"
             print(f"{label:<30}{r['seconds']:>9.2f}{ratio}{r['rss'] / 2**30:>14.2f}{r['rss'] / weights:>11.2f}{mib}")
         worst = max(dumps["HF", True]["rss"], dumps["MS", True]["rss"]) / weights

@@ -15,7 +15,7 @@ from migrate.align.metrics import logits_metrics
 from migrate.align.reference import TWIN, noise_figures, tie_margin
 from migrate.align.report import Report
 from migrate.align.thresholds import Thresholds, fallback_factor
-from migrate.align.twin_memory import twin_refused
+from migrate.align.twin import twin_refused
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.probe import compare_any, dump
@@ -118,7 +118,7 @@ def test_the_twin_is_refused_when_it_would_not_fit():
     model = torch.nn.Linear(1000, 1000)
     assert twin_refused(model, "fp64", available=10 * 8 * 1001000) is None
     why = twin_refused(model, "fp64", available=8 * 1001000)
-    assert why and "float64 copy of the model needs" in why
+    assert why and "float64 twin of the model needs" in why
     assert twin_refused(model, "none") == "--reference none"
 
 
@@ -162,3 +162,22 @@ def test_a_torch_dump_carries_its_own_noise_and_the_diff_of_dumps_uses_it(tiny):
     assert both.passed and both.reference["source"] == TWIN and both.summary["headline"]["noise_entries"] > 0
     bare = compare_any(str(tiny / "d_hf_bare"), str(tiny / "d_ms"), detail=True)
     assert bare.passed and bare.reference["source"] == "fallback" and "no float64 reference" in bare.verdict_text()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_in_place_twin_gives_every_weight_back_bit_for_bit(dtype):
+    import torch
+
+    from migrate.probe.dumping import model_identity
+    from migrate.probe.twin import float64_in_place
+
+    model = build_hf_model("tied", seed=3, dtype=getattr(torch, dtype))
+    before = model_identity(model, "torch")
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    with float64_in_place(model) as twin:
+        assert next(twin.parameters()).dtype == torch.float64
+        twin(torch.arange(8)[None])
+    assert next(model.parameters()).dtype == getattr(torch, dtype)
+    assert model_identity(model, "torch") == before
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tying kept
+    assert all(torch.equal(b, buffers[n]) and b.dtype == buffers[n].dtype for n, b in model.named_buffers())

@@ -6,7 +6,6 @@ Intermediate outputs are read with forward hooks on the modules the keymap's
 """
 from __future__ import annotations
 
-import copy
 import inspect
 from pathlib import Path
 
@@ -30,7 +29,7 @@ OUTPUTS = {
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    """float32 for the compared sides, float64 kept for the twin."""
+    """float32 for the compared sides, float64 kept for the twin (the model run in float64 in place)."""
     t = t.detach()
     return t.numpy() if t.dtype == torch.float64 else torch_to_numpy(t.float())
 
@@ -62,21 +61,8 @@ class HFSide:
         if missing:
             raise MigrateError(f"HF model has no module {missing[0]} (keymap align table)")
         self._captured: dict[str, torch.Tensor] = {}
-        self._hooks = [modules[path].register_forward_hook(self._hook(path)) for _, _, path in self.points]
-
-    def twin(self) -> "HFSide":
-        """The same model in float64, from the very weights this side computes with (an adapter
-        attached included): the noise reference (`align.reference`). Costs 2x an fp32 copy."""
-        for handle in self._hooks:  # a deep copy would carry hooks writing into this side
-            handle.remove()
-        try:
-            model = copy.deepcopy(self.model).to(torch.float64)
-        finally:
-            self._attach(self.points)
-        twin = object.__new__(HFSide)
-        twin.model = model
-        twin._attach(self.points)
-        return twin
+        for _, _, path in self.points:
+            modules[path].register_forward_hook(self._hook(path))
 
     def _hook(self, path: str):
         def capture(_module, _args, output):

@@ -20,7 +20,7 @@ from migrate.align.optimizer_reference import torch_adamw_step
 from migrate.align.reference import TWIN
 from migrate.align.report import Report
 from migrate.align.thresholds import Thresholds, fallback_factor
-from migrate.align.twin_memory import REFERENCES, twin_refused
+from migrate.align.twin import REFERENCES, float64_in_place, twin_refused
 from migrate.conversion_plan import ConversionPlan
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
@@ -96,8 +96,8 @@ def compare(
     if generate and not hf_side.can_generate:
         raise MigrateError(f"--generate needs a generative model; {type(hf_side.model).__name__} is not one")
     thresholds = thresholds or Thresholds.for_dtype(dtype)
-    why_not = twin_refused(hf_side.model, reference)
-    twin = None if why_not else hf_side.twin()
+    why_not = twin_refused(hf_side.model, reference, in_place=True)
+    twin = None if why_not else hf_side  # run again in float64 in place (`align.twin`)
     if why_not:
         factor = fallback_factor(config.num_layers, getattr(config, "hidden_size", None))
         thresholds, ref_info = thresholds.scaled(factor), {"source": "fallback", "factor": factor, "why": why_not}
@@ -137,7 +137,10 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
 def _forward(report, hf_side, ms_side, inputs, detail, twin) -> None:
     hf_hidden, hf_outputs = hf_side.forward(inputs, detail)
     ms_hidden, ms_outputs = ms_side.forward(inputs, detail)
-    ex_hidden, ex_outputs = twin.forward(inputs, detail) if twin else ([None] * len(hf_hidden), [])
+    ex_hidden, ex_outputs = [None] * len(hf_hidden), []
+    if twin:
+        with float64_in_place(twin.model):
+            ex_hidden, ex_outputs = twin.forward(inputs, detail)
     names = {"embedding": "embedding output", "final norm": "final norm output"}
     for (block, layer, ref), (block2, layer2, got), exact in zip(hf_hidden, ms_hidden, ex_hidden):
         assert (block, layer) == (block2, layer2), "hook points and model outputs disagree"
@@ -163,7 +166,12 @@ def _forward(report, hf_side, ms_side, inputs, detail, twin) -> None:
 def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) -> None:
     _, hf_grads = hf_side.gradients(inputs)
     _, ms_grads = ms_side.gradients(inputs)
-    ex_grads = plan.in_model_names(twin.gradients(inputs)[1]) if twin else {}
+    ex_grads = {}
+    if twin:
+        hf_side.model.zero_grad(set_to_none=True)  # HF's own gradients are numpy copies by now
+        with float64_in_place(twin.model):
+            ex_grads = plan.in_model_names(twin.gradients(inputs)[1])
+            twin.model.zero_grad(set_to_none=True)
     ms_order = ms_side.parameter_names()
     ref_grads = plan.in_model_names(hf_grads)
     unpaired_ms = [n for n in ms_order if n not in ref_grads]
@@ -181,9 +189,7 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) 
     for name in backward:
         report.add(name, ref_grads.pop(name), ms_grads.pop(name), kind="grad", exact=ex_grads.pop(name, None))
     del hf_grads, ref_grads, ex_grads
-    for side in (hf_side, twin):  # their gradients are judged: free them before the optimizer step
-        if side is not None:
-            side.model.zero_grad(set_to_none=True)
+    hf_side.model.zero_grad(set_to_none=True)  # judged: free them before the optimizer step
     # The optimizer in isolation: MindSpore's AdamW step against torch's on the same (MindSpore's)
     # gradients. Stepping each side from its own gradients would judge the gradients again, through
     # AdamW's first step, which maps a gradient near zero to a move of up to lr whichever way its

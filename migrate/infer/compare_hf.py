@@ -18,7 +18,6 @@ as is every drawn token lying inside HF's distribution (`support`).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from migrate.align.checks import tensor_checks
 from migrate.align.metrics import generation_metrics, logits_metrics
 from migrate.align.reference import noise_figures, tie_margin
 from migrate.align.thresholds import Thresholds
-from migrate.align.twin_memory import twin_refused
+from migrate.align.twin import float64_in_place, twin_refused
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.infer.batch import Batch
@@ -160,13 +159,10 @@ def _twin_logits(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, 
     """HF's model in float64 following the sequence `along` (HF's own tokens, or ours when sampling):
     each step's exact logits, the noise reference of every step (`align.reference`); None where the
     float64 copy does not fit or is not wanted."""
-    if not steps or twin_refused(model, reference):
+    if not steps or twin_refused(model, reference, in_place=True):
         return None
-    twin = copy.deepcopy(model).to(torch.float64)
-    try:
+    with float64_in_place(model) as twin:
         _, logits = hf_generate(twin, batch, steps, sampling, stop_ids, pad_id, follow=along[:, :steps], exact=True)
-    finally:
-        del twin
     return logits
 
 

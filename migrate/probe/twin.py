@@ -1,8 +1,9 @@
 """The float64 twin of a torch side, recorded: the noise reference of dumps and live diffs on
 any pair (`migrate.align.reference`).
 
-`twin_recording` runs a float64 copy of the model -- the very weights the side computes with,
-upcast -- on the same inputs under the same recording hooks and keeps every tensor in float64.
+`twin_recording` runs the model in float64 -- the very weights the side computes with, upcast in
+place and cast back after (exact) -- on the same inputs under the same recording hooks and keeps
+every tensor in float64.
 A `NoiseSource` then gives, for each record key of the side itself, how far the side's tensor
 is from its twin's (`reference.noise_figures`); `DumpWriter` stores that beside the record, and
 a live `MemoryRecording` keeps it, so a diff judges against the reference's own error whether
@@ -10,12 +11,10 @@ the reference side is a dump from another machine or live.
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from migrate.align.reference import TWIN, noise_figures
-from migrate.align.twin_memory import twin_refused
+from migrate.align.twin import float64_in_place, twin_refused
 from migrate.probe.hooks import hooks
 from migrate.probe.recording import ROOT, MemoryRecording, valid_rows
 
@@ -43,19 +42,14 @@ def twin_recording(side, inputs, run, reference: str = "fp64") -> tuple[NoiseSou
     recording hooks, or None and why not (a MindSpore side, --reference none, not enough memory)."""
     if side.framework != "torch":
         return None, {"refused": "a MindSpore side has no float64 twin"}
-    why = twin_refused(side.model, reference)
+    why = twin_refused(side.model, reference, in_place=True)
     if why:
         return None, {"refused": why}
-    import torch
-
-    model = copy.deepcopy(side.model).to(torch.float64)
     recording = MemoryRecording(statistics=False)
     try:
-        with hooks(model, recording):
+        with float64_in_place(side.model) as model, hooks(model, recording):
             run(model)
     except Exception as exc:  # user code may pin float32 somewhere (a softmax dtype=): no twin then, said so
         return None, {"refused": f"its float64 twin failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
-    finally:
-        del model
     valid = None if inputs.mask is None else inputs.valid
     return NoiseSource(recording, side.vocab_size, valid), {"source": TWIN, "of": side.label}
