@@ -157,6 +157,8 @@ class BertModel(ModelCell):
 
     config_class = BertConfig
     OUTPUTS = ("last_hidden_state", "pooler_output")  # what construct returns before `hidden`, by HF's names
+    # the cells the hidden entries come from (`CausalLM.HIDDEN`); no final norm: the last layer's output is it
+    HIDDEN = ("embeddings", "encoder.layer", ("attention", "feed_forward"), None)
 
     def __init__(self, config: BertConfig, seed: int = 0, add_pooling_layer: bool = True,
                  _build: Build | None = None, _prefix: str = ""):
@@ -174,8 +176,8 @@ class BertModel(ModelCell):
     @staticmethod
     def hidden_names(config: BertConfig, detail: bool = False, prefix: str = "") -> list[str]:
         """Names of the `hidden` entries, in order, for output_hidden_states True or "detail"."""
-        parts = ("attention", "feed_forward")
-        return hidden_names(prefix + "embeddings", prefix + "encoder.layer", config.num_layers, parts, detail)
+        embedding, layers, parts, _ = BertModel.HIDDEN
+        return hidden_names(prefix + embedding, prefix + layers, config.num_layers, parts, detail)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
                word_table=None):
@@ -246,6 +248,7 @@ class BertForMaskedLM(ModelCell):
     """HF BertForMaskedLM; see the module docstring for the call."""
 
     config_class = BertConfig
+    HIDDEN = ("bert.embeddings", "bert.encoder.layer", ("attention", "feed_forward"), "cls.transform")
 
     def __init__(self, config: BertConfig, seed: int = 0):
         build = _model_build(config, seed)

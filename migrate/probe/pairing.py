@@ -188,8 +188,11 @@ def _side_table(records, mapping: dict | None, own: dict | None) -> tuple[dict, 
 
 # ------------------------------------------------------------------ pairing
 
+_ENCODER_OUTPUT = "last_hidden_state"   # HF's name of an encoder's (batch, seq, hidden) output
+
+
 def _outputs(records) -> tuple[dict | None, dict | None]:
-    """The model's own logits (3-d) and loss (0-d) records."""
+    """The model's own logits (3-d; an encoder's last hidden state in their place) and loss (0-d)."""
     root = [r for r in records if r["module"] == ROOT and r["io"] == "output" and r["call"] == 0]
     logits = [r for r in root if len(r["shape"]) == 3]
     logits = [r for r in logits if "logits" in r["index"]] or logits[:1]
@@ -258,7 +261,11 @@ def pair(ref_records, got_records, *, ref_align=None, got_align=None, mapping=No
                                    f"ref {rb.get(block, 'table')} / got {gb.get(block, 'table')}"))
     (rlog, rloss), (glog, gloss) = _outputs(ref_records), _outputs(got_records)
     if rlog and glog:
-        points.append(Point("logits", "logits", "logits", None, rlog["key"], glog["key"], ROOT, ROOT))
+        if any(_ENCODER_OUTPUT in r["index"] for r in (rlog, glog)):  # an encoder (BertModel) has no logits
+            points.append(Point("last hidden state", "hidden", "last hidden state", None, rlog["key"], glog["key"],
+                                ROOT, ROOT))
+        else:
+            points.append(Point("logits", "logits", "logits", None, rlog["key"], glog["key"], ROOT, ROOT))
     if rloss and gloss:
         points.append(Point("loss", "loss", "loss", None, rloss["key"], gloss["key"], ROOT, ROOT))
     _pair_submodules(summary, rt["layer output"].replace("{layer}", "0"), rmods,
