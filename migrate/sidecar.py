@@ -12,9 +12,13 @@ from pathlib import Path
 
 from migrate.checkpoints.model_folder import ModelFolder
 
+# What transformers' tokenizers and `generate` read from a model folder: fast and slow tokenizer
+# files (BPE vocab.json + merges.txt, WordPiece vocab.txt, sentencepiece tokenizer.model), the
+# chat template transformers 5 writes beside tokenizer_config.json, and the generation defaults.
 SIDECAR_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
+    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
 )
 
 

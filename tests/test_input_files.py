@@ -148,6 +148,28 @@ def test_sidecar_linking_outside_the_folder_is_refused(capsys, tmp_path, llama):
     assert str(secret) in err
 
 
+def test_the_chat_template_and_a_wordpiece_vocab_travel_with_the_weights(capsys, tmp_path, llama):
+    """transformers 5 writes the chat template to chat_template.jinja (SmolLM2-Instruct has one) and
+    BERT's tokenizer reads vocab.txt: both reach the converted folder and come back with export."""
+    src = save_hf_model(llama, tmp_path / "hf")
+    (src / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (src / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")
+    convert_ok(capsys, src, tmp_path / "ms")
+    for name in ("chat_template.jinja", "vocab.txt"):
+        assert (tmp_path / "ms" / name).read_bytes() == (src / name).read_bytes()
+    code, err = run_cli(capsys, "export", "--src", "hf_llama", tmp_path / "ms", tmp_path / "back")
+    assert code == 0, err
+    assert (tmp_path / "back" / "chat_template.jinja").read_bytes() == (src / "chat_template.jinja").read_bytes()
+
+
+def test_a_chat_template_linking_outside_the_folder_is_refused(capsys, tmp_path, llama):
+    src = save_hf_model(llama, tmp_path / "hf")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the output")
+    (src / "chat_template.jinja").symlink_to(secret)
+    assert_refused(capsys, tmp_path, src, "chat_template.jinja is a link to a file outside the model folder")
+
+
 def test_export_refuses_a_sidecar_linking_outside(capsys, tmp_path, llama):
     src = save_hf_model(llama, tmp_path / "hf")
     convert_ok(capsys, src, tmp_path / "ms")
