@@ -97,6 +97,13 @@ def test_top1_disagreements_inside_the_noise_are_near_ties():
     assert top1.passed is False and "decisive positions (1 near ties" in top1.detail
 
 
+def test_in_low_precision_only_logits_within_two_ulps_are_ties():
+    noise = {"rms": 0.42}   # bf16 logits off float64 by 0.42 RMS: 2K x that would tie nearly every position
+    assert tie_margin(noise, 8.0) == pytest.approx(6.72)
+    assert tie_margin(noise, 8.0, "bf16", peak=33.0) == 2 * 32 * 2 ** -7   # two bf16 ulps at 32..64
+    assert tie_margin({"rms": 1e-5}, 8.0, "bf16", peak=33.0) == pytest.approx(1.6e-4)  # the noise, when smaller
+
+
 def test_noise_figures_measure_the_reference_against_the_twin():
     exact = np.linspace(-1, 1, 1000).reshape(10, 100)
     ref = (exact * (1 + 1e-2)).astype(np.float32)

@@ -191,7 +191,8 @@ def compare_with_hf(hf_dir, ours: Generation, batch: Batch, sampling: Sampling, 
     k = thresholds.bounds("logits").widens("top1")
     for step in range(compared):
         noise = noise_figures(hf_logits[step], exact[step], logits=True) if exact else None
-        metrics = logits_metrics(hf_logits[step], ours.logits[step], tie_margin=tie_margin(noise, k) if noise else None)
+        margin = tie_margin(noise, k, dtype, float(np.abs(hf_logits[step]).max())) if noise else None
+        metrics = logits_metrics(hf_logits[step], ours.logits[step], tie_margin=margin)
         if noise:
             metrics["noise"] = noise
         max_abs.append(float(metrics.get("max_abs") or 0.0))

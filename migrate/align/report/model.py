@@ -65,6 +65,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from migrate import __version__
 from migrate.align.checks import nonfinite_count, nonfinite_summary, nonfinite_text, tensor_checks
 from migrate.align.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
@@ -80,6 +82,13 @@ from migrate.dtype_names import canonical_dtype
 __all__ = ["SCHEMA_VERSION", "Report"]
 
 SCHEMA_VERSION = 1
+
+
+def _peak(array: Any) -> float:
+    """The largest finite magnitude of an array of any float dtype (bf16 included)."""
+    a = np.asarray(array).astype(np.float64)
+    a = np.abs(a[np.isfinite(a)])
+    return float(a.max()) if a.size else 0.0
 
 
 def _now() -> str:
@@ -176,7 +185,8 @@ class Report:
             noise = noise_figures(ref, exact, logits=logits)
             got_error = error_figures(got, exact)
         if logits:
-            margin = tie_margin(noise, self.thresholds.bounds(kind).widens("top1")) if noise else None
+            margin = tie_margin(noise, self.thresholds.bounds(kind).widens("top1"), self.dtype,
+                                _peak(ref)) if noise else None
             metrics = logits_metrics(ref, got, tie_margin=margin)
         else:
             metrics = tensor_metrics(ref, got)
