@@ -20,6 +20,7 @@ import pytest
 import torch
 from foreign_logs import records, write_hf_trainer_state
 from hf_fixtures import build_hf_model, save_hf_model
+from train_setup import RUN as TRAINER_RUN
 from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics
 
 from migrate.cli import main
@@ -35,20 +36,9 @@ from migrate.train.trainer import train
 golden = load_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-RUN = """\
-hf_model: hf
-ms_model: ms
-data: data
-seq_length: 16
-micro_batch_size: 4
-grad_accum_steps: 2
-total_steps: 6
-max_grad_norm: 1.0
-data_seed: 5
-optimizer: {lr: 1e-3, weight_decay: 0.1}
-schedule: {name: cosine, warmup_steps: 2, min_lr_rate: 0.1}
-out_dir: {golden: golden, ms: ms_out}
-"""
+# train_setup's run, 6 steps at lr 1e-3 with 2 warmup steps
+RUN = (TRAINER_RUN.replace("total_steps: 200", "total_steps: 6").replace("lr: 3e-3", "lr: 1e-3")
+       .replace("warmup_steps: 20", "warmup_steps: 2"))
 WIDE = dict(num_hidden_layers=6, hidden_size=64, intermediate_size=128, initializer_range=0.5)
 TIMING = ("time", "tokens_per_s", "mfu")
 
