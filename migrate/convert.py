@@ -36,7 +36,7 @@ from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.sharding import (
     DEFAULT_MAX_SHARD, PROTOBUF_LIMIT, ShardedWriter, human, index_name, parse_size, plan_shards,
 )
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import resolve

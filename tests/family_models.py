@@ -20,7 +20,7 @@ import torch
 import transformers
 from hf_fixtures import randomise_norms_and_biases
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.keymap import Keymap
 from migrate.models.registry import build_model
 

@@ -68,7 +68,7 @@ def prepare(out: Path) -> None:
     import torch
     from transformers import get_scheduler
 
-    from migrate.conversion_plan import ConversionPlan
+    from migrate.models.conversion_plan import ConversionPlan
     from migrate.keymap import resolve
     from migrate.models.config import LlamaConfig
     from migrate.train.config import RunConfig

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hf_fixtures import hf_config
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap
 

@@ -17,7 +17,7 @@ from transformers import LlamaForCausalLM
 import migrate.align.runner as runner
 from migrate.align.adapters import attach_to_ms, load_adapter
 from migrate.align.runner import compare
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
@@ -29,7 +29,7 @@ from migrate.lora.targets import resolve_targets
 from migrate.lora.transfer import export_adapter, import_adapter, merge_adapter
 from migrate.models.config import LlamaConfig
 from migrate.models.loading import load_model
-from migrate.models.lora import attach_lora
+from migrate.lora.cells import attach_lora
 from migrate.parallel.layout import Layout
 from migrate.plan import GiB, estimate_memory
 from migrate.train.config import RunConfig

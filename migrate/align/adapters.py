@@ -4,7 +4,7 @@ The adapter (a PEFT folder, or a MindSpore adapter: `migrate lora import` output
 checkpoint) is checked against the converted base (`migrate.lora.transfer.fit_to_base`), then
 put on HF's model with PEFT (`LoraConfig` + `get_peft_model`, in place: the HF modules the
 keymap's align table names stay where they are) and on the MindSpore model through its
-projection seam (`migrate.models.lora.attach_lora`). Both sides then run as `migrate diff` runs
+projection seam (`migrate.lora.cells.attach_lora`). Both sides then run as `migrate diff` runs
 them; PEFT keeps the adapter in fp32 over a low-precision base, and so does the MindSpore side.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from migrate.lora.targets import Site
 from migrate.lora.transfer import Adapter, base_plan, fit_to_base, open_adapter
-from migrate.models.lora import attach_lora
+from migrate.lora.cells import attach_lora
 
 
 def load_adapter(path: str | Path, ms_dir: Path) -> tuple[Adapter, list[Site], dict]:

@@ -21,7 +21,7 @@ from migrate.align.reference import TWIN
 from migrate.align.report import Report
 from migrate.align.thresholds import Thresholds, fallback_factor
 from migrate.align.twin import REFERENCES, float64_in_place, twin_refused
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap

@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
 from migrate.lora.spec import ALL_LINEAR, LoraSpec

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.lora.spec import LoraSpec
 from migrate.transforms import get_layout

@@ -27,7 +27,7 @@ from migrate.checkpoints.integrity import verify_checkpoint
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import recorded_keymap, resolve
 from migrate.lora.peft_files import is_peft_adapter, read_peft_adapter, write_peft_adapter

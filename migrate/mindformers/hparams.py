@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.data.samples import read_meta
 from migrate.errors import MigrateError
 from migrate.keymap import recorded_keymap, resolve

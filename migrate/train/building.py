@@ -15,7 +15,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_model_config import model_config_from_hf
 from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap

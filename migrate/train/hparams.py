@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.train.building import build_training
 from migrate.train.config import RunConfig
 from migrate.train.health import HealthWatch

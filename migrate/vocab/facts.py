@@ -16,7 +16,7 @@ from typing import Any
 
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
-from migrate.conversion_plan import ConversionPlan
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
 from migrate.keymap import Keymap, recorded_keymap, resolve
