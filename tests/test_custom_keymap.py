@@ -1,5 +1,5 @@
-"""The README's custom-keymap walkthrough, run as written: the keymap YAML is
-taken from README.md, applied to a checkpoint saved under the user's own names."""
+"""The custom-keymap walkthrough of docs/convert.md, run as written: the keymap YAML is
+taken from docs/convert.md, applied to a checkpoint saved under the user's own names."""
 import json
 import re
 from pathlib import Path
@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from migrate.cli import main
 from migrate.models.loading import load_model
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "convert.md"
 
 # The user's training code: same tensors as HF Llama, its own names.
 RENAME = [
@@ -33,8 +33,8 @@ RENAME = [
 
 
 def readme_keymap() -> str:
-    blocks = re.findall(r"```yaml\n(# my_tinylm\.yaml\n.*?)```", README.read_text(), re.S)
-    assert len(blocks) == 1, "README must hold exactly one my_tinylm.yaml block"
+    blocks = re.findall(r"```yaml\n(# file: my_tinylm\.yaml\n.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) == 1, "docs/convert.md must hold exactly one my_tinylm.yaml block"
     return blocks[0]
 
 
