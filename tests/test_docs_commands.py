@@ -239,18 +239,19 @@ def _convert(root: Path) -> None:
     convert(root / "hf_model", root / "ms_model")
 
 
-# run.yaml of the pages that train: the doc's names, a size that runs in seconds.
+# run.yaml of the pages that train: the doc's names, a size that runs in seconds; a global batch of 8
+# for docs/mindformers.md's --dp 8.
 RUN_YAML = """\
 hf_model: hf_model
 ms_model: ms_model
 data: data
 seq_length: 512
-total_steps: 3
-micro_batch_size: 2
+total_steps: 2
+micro_batch_size: 4
 grad_accum_steps: 2
 max_grad_norm: 1.0
 seed: 42
-checkpoint_interval: 3
+checkpoint_interval: 2
 optimizer: {lr: 3.0e-3, weight_decay: 0.1}
 schedule: {name: cosine, warmup_steps: 1, min_lr_rate: 0.1}
 out_dir: {golden: runs/golden, ms: runs/ms}
@@ -279,9 +280,8 @@ def _my_port(root: Path) -> None:
         "    return from_hf('hf_model')   # the hand port of tests/hand_port_ms.py\n")
 
 
-def _train_run(root: Path) -> None:
+def _run_yaml(root: Path) -> None:
     (root / "run.yaml").write_text(RUN_YAML)
-    _tokenize(root)
 
 
 def _lora_run(root: Path) -> None:
@@ -292,15 +292,15 @@ def _lora_run(root: Path) -> None:
 
 # page -> what its folder holds before its first block (the page's preamble names the same)
 PAGES = {
-    "README.md": [_train_run],
+    "README.md": [_run_yaml],
     "convert.md": [_tinylm],
     "diff.md": [_convert, _my_port],
     "vocab.md": [_convert, _tokenize],
-    "train.md": [_convert, _train_run],
+    "train.md": [_convert, _run_yaml],
     "lora.md": [_convert, _lora_run],
-    "mindformers.md": [_convert, _train_run],
+    "mindformers.md": [_convert, _run_yaml, _tokenize],
     "generate.md": [_convert],
-    "scaling.md": [_convert, _train_run],
+    "scaling.md": [_convert, _run_yaml, _tokenize],
 }
 
 
@@ -385,3 +385,36 @@ def test_the_page_runs_as_written(page, base, tmp_path, monkeypatch, capsys, one
 
 
 sys.path.insert(0, str(TESTS))
+
+
+# ---------------------------------------------------------------- DESIGN.md and the paths the docs cite
+
+
+def test_design_layers_are_the_ones_test_architecture_enforces():
+    from test_architecture import LAYERS
+
+    text = (REPO / "docs" / "DESIGN.md").read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"\n(?=\d+\. )", "\n" + section.split("\n\n", 1)[1].split("\n\n")[0].strip())
+    items = [i for i in items if i.strip()]
+    shown = [{"migrate" if n == "migrate" else f"migrate.{n}" for n in re.findall(r"`([\w.]+)`", item)}
+             for item in items]
+    assert len(shown) == len(LAYERS), f"DESIGN lists {len(shown)} layers, the test {len(LAYERS)}"
+    for (name, prefixes), names in zip(LAYERS, shown):
+        assert names == set(prefixes), (f"layer {name}: DESIGN lists {sorted(names - set(prefixes))} too much, "
+                                        f"misses {sorted(set(prefixes) - names)}")
+
+
+CITED = re.compile(r"`((?:migrate|tests|bench|golden|keymaps|docs|\.ci)/[\w./-]*?)`")
+
+
+def test_every_repository_path_the_docs_cite_exists():
+    missing = []
+    for page in DOCS + [REPO / "docs" / "DESIGN.md"]:
+        for i, line in enumerate(page.read_text().splitlines(), 1):
+            for path in CITED.findall(line):
+                if re.search(r"[A-Z]{3,}", path):
+                    continue  # a placeholder: keymaps/NAME.yaml
+                if not (REPO / path.rstrip("/")).exists():
+                    missing.append(f"{page.name}:{i}: {path}")
+    assert not missing, "\n".join(missing)
