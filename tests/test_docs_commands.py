@@ -290,6 +290,24 @@ def _lora_run(root: Path) -> None:
     _tokenize(root)
 
 
+TRAINED: dict[str, Path] = {}  # runs/ms of the first page whose flow ran `migrate train --config run.yaml`
+
+
+def _trained(root: Path) -> None:
+    """runs/ms/: a finished `migrate train --config run.yaml`, copied from a page that ran it (README's)."""
+    if "runs/ms" not in TRAINED:
+        from migrate.cli import main
+
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            assert main(["train", "--config", "run.yaml"]) == 0
+        finally:
+            os.chdir(cwd)
+        return
+    shutil.copytree(TRAINED["runs/ms"], root / "runs" / "ms")
+
+
 # page -> what its folder holds before its first block (the page's preamble names the same)
 PAGES = {
     "README.md": [_run_yaml],
@@ -300,7 +318,7 @@ PAGES = {
     "lora.md": [_convert, _lora_run],
     "mindformers.md": [_convert, _run_yaml, _tokenize],
     "generate.md": [_convert],
-    "scaling.md": [_convert, _run_yaml, _tokenize],
+    "scaling.md": [_convert, _run_yaml, _tokenize, _trained],
 }
 
 
@@ -374,6 +392,10 @@ def test_the_page_runs_as_written(page, base, tmp_path, monkeypatch, capsys, one
             times.append((time.perf_counter() - t0, " ".join(argv)))
             out = capsys.readouterr()
             ran += 1
+            if code == 0 and argv == ["migrate", "train", "--config", "run.yaml"] and "runs/ms" not in TRAINED:
+                keep = tmp_path.parent / "docs_trained_run"
+                shutil.copytree(root / "runs" / "ms", keep)
+                TRAINED["runs/ms"] = keep
             if code != b.exit:
                 failures.append(f"{b.where()}: `{' '.join(argv)}` exited {code}, the doc says {b.exit}\n"
                                 f"{out.out[-1500:]}{out.err[-1500:]}")

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct, a real Llama (30 layers, hidden 576, GQA 9/3, tied embeddings, vocab
-49152): the README's commands on it, and each injected fault located where it was put.
+49152): the commands of README.md and docs/ on it, and each injected fault located where it was put.
 The commands and what a correct tool gives are bench/real_tier/steps.py's."""
 import pytest
 from real_tier.steps import STEPS, names
