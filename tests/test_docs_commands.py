@@ -1,6 +1,6 @@
 """Every command README.md and docs/*.md show, executed, so the docs cannot drift.
 
-The convention (docs/README.md's "How the docs are tested" says it for readers):
+The convention (docs/layout.md's "How the docs are tested" says it for readers):
 
 - A fence's info string says what it holds: ```bash blocks are commands, run in order;
   ```text is output, ```yaml / ```python are files or snippets. Every fence has one.
@@ -211,8 +211,9 @@ def golden_flags() -> set[str]:
 # ---------------------------------------------------------------- the pages' folders
 
 VOCAB = 316  # not a multiple of 8, for docs/vocab.md's resize
+# 3 layers: docs/diff.md injects a fault into layer 2; each layer more costs generate and train compile time
 # bos/eos/pad as the BPE tokenizer numbers its special tokens (<s>, </s>, <pad>)
-TINY = dict(vocab_size=VOCAB, max_position_embeddings=512, initializer_range=0.1, num_hidden_layers=4,
+TINY = dict(vocab_size=VOCAB, max_position_embeddings=512, initializer_range=0.1, num_hidden_layers=3,
             bos_token_id=0, eos_token_id=1, pad_token_id=2)
 
 
