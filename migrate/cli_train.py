@@ -25,7 +25,7 @@ def _cmd_data_tokenize(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from migrate.train.compare import compare_runs, print_summary, write_json, write_plot
+    from migrate.compare import compare_runs, print_summary, write_json, write_plot
     from migrate.ui import console
 
     result = compare_runs(

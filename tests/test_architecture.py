@@ -27,7 +27,7 @@ LAYERS = [
                     "migrate.plan", "migrate.lora.transfer", "migrate.lora.memory", "migrate.vocab",
                     "migrate.hf_model_config"]),
     ("MindSpore models", ["migrate.models", "migrate.lora.cells"]),  # lora.cells: the adapter as MindSpore cells
-    ("judge", ["migrate.judge"]),
+    ("judge", ["migrate.judge", "migrate.compare"]),  # compare: the curve judge for `migrate compare`
     ("tools", ["migrate.align", "migrate.parallel", "migrate.train", "migrate.mindformers", "migrate.probe",
                "migrate.infer"]),
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the

@@ -11,9 +11,9 @@ from test_compare import golden_curve, write_log
 
 from migrate.cli import main
 from migrate.errors import MigrateError
-from migrate.train.compare import compare_runs
-from migrate.train.compare.log_formats import printed_resolution
-from migrate.train.compare.readers import detect_format, read_run
+from migrate.compare import compare_runs
+from migrate.compare.log_formats import printed_resolution
+from migrate.compare.readers import detect_format, read_run
 
 N = 40
 

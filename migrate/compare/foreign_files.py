@@ -15,9 +15,9 @@ import math
 from pathlib import Path
 
 from migrate.errors import MigrateError
-from migrate.train.compare.foreign_run import Rows
-from migrate.train.compare.log_formats import FORMATS, FP32_HALF_ULP, TB_DIALECTS, printed_resolution
-from migrate.train.compare.metrics_log import Run
+from migrate.compare.foreign_run import Rows
+from migrate.compare.log_formats import FORMATS, FP32_HALF_ULP, TB_DIALECTS, printed_resolution
+from migrate.compare.metrics_log import Run
 
 __all__ = ["read_hf_trainer_state", "read_tensorboard"]
 

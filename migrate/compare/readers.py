@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from migrate.errors import MigrateError
-from migrate.train.compare.foreign_files import read_hf_trainer_state, read_tensorboard, tensorboard_files
-from migrate.train.compare.foreign_text import MEGATRON_LINE, MINDFORMERS_LINE, read_megatron, read_mindformers
-from migrate.train.compare.metrics_log import Run, read_metrics
+from migrate.compare.foreign_files import read_hf_trainer_state, read_tensorboard, tensorboard_files
+from migrate.compare.foreign_text import MEGATRON_LINE, MINDFORMERS_LINE, read_megatron, read_mindformers
+from migrate.compare.metrics_log import Run, read_metrics
 
 __all__ = ["detect_format", "read_run", "KNOWN"]
 

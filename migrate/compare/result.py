@@ -9,7 +9,7 @@ import numpy as np
 
 from migrate.jsonsafe import jsonable
 from migrate.judge import Check, Verdict, fmt_figure
-from migrate.train.compare.tolerances import Tolerances
+from migrate.compare.tolerances import Tolerances
 
 __all__ = ["SCHEMA_VERSION", "CHECK_ORDER", "CompareResult"]
 

@@ -29,9 +29,9 @@ import re
 from pathlib import Path
 
 from migrate.errors import MigrateError
-from migrate.train.compare.foreign_run import Rows, number
-from migrate.train.compare.log_formats import FORMATS, printed_resolution
-from migrate.train.compare.metrics_log import Run
+from migrate.compare.foreign_run import Rows, number
+from migrate.compare.log_formats import FORMATS, printed_resolution
+from migrate.compare.metrics_log import Run
 
 __all__ = ["MEGATRON_LINE", "MINDFORMERS_LINE", "read_megatron", "read_mindformers"]
 

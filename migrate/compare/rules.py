@@ -122,9 +122,9 @@ import math
 import numpy as np
 
 from migrate.judge import Check, fmt_figure
-from migrate.train.compare.metrics_log import Run
-from migrate.train.compare.result import CompareResult
-from migrate.train.compare.stats import (
+from migrate.compare.metrics_log import Run
+from migrate.compare.result import CompareResult
+from migrate.compare.stats import (
     at_steps,
     centred_mean,
     first_over,
@@ -134,7 +134,7 @@ from migrate.train.compare.stats import (
     rel_diff,
     running_mean,
 )
-from migrate.train.hparams_check import HparamsCheck
+from migrate.compare.hparams_check import HparamsCheck
 
 __all__ = ["hparams_rule", "coverage_rule", "agreement_rules", "measure_noise", "band_factor", "loss_rules",
            "lr_rule", "grad_rules", "noise_notes"]
