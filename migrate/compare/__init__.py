@@ -9,7 +9,8 @@
 
 A path may be the metrics.jsonl file or the run folder holding it, or one of the field's logs --
 HF Trainer's trainer_state.json, Megatron-LM or MindSpore Transformers log lines, TensorBoard event
-files -- detected by `readers.read_run` (`log_formats` maps each format's fields, as data;
+files -- detected by `readers.read_run` (`log_formats` is the registry: each format declared beside
+its reader with its field mapping, sniff and read;
 `log_alignment` matches window-averaged losses, sparse steps, next-step lrs and printed precision).
 
 One module per concern: `metrics_log` reads a run, `stats` holds the per-step statistics,

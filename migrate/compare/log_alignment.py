@@ -33,7 +33,9 @@ import numpy as np
 
 from migrate.errors import MigrateError
 from migrate.judge import fmt_figure
-from migrate.compare.log_formats import FORMATS, TB_DIALECTS, LogFormat
+from migrate.compare.foreign_files import TB_DIALECTS
+from migrate.compare.log_formats import LogFormat
+from migrate.compare.readers import FORMATS
 from migrate.compare.metrics_log import Run
 from migrate.compare.tolerances import Tolerances
 

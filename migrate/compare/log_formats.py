@@ -1,6 +1,12 @@
-"""The training logs `migrate compare` reads, and how each maps onto a `Run`: data, one entry a format.
+"""The registry of training logs `migrate compare` reads: each format declared once, beside its reader.
 
-Every line format here is copied from the producing project's own source, named in ``source``;
+A format is a `LogFormat` -- its metadata as data, its ``sniff`` (does this path hold it?) and its
+``read`` (the path into a `Run`) -- registered with ``@log_format(LogFormat(...))`` on its reader
+(`metrics_log`, `foreign_files`, `foreign_text`). `readers.detect_format`, `readers.read_run` and
+the refusal's list of what compare reads (`readers.known`) are derived from `FORMATS`; adding a
+format is one declaration (docs/DESIGN.md "Registration").
+
+Every line format is copied from the producing project's own source, named in ``source``;
 nothing is guessed. Each `LogFormat` says which of the log's fields fills which of compare's
 columns (``fields``); whether the logged lr is the next step's (``lr_of_next_step``: Megatron-LM
 steps its scheduler inside train_step, before training_log reads the lr); whether the logged
@@ -17,11 +23,71 @@ that resolution to each bound a rounded value enters, and says so in its notes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
 
-__all__ = ["LogFormat", "FORMATS", "TB_DIALECTS", "printed_resolution", "FP32_HALF_ULP"]
+from migrate.errors import MigrateError
+
+__all__ = ["LogFormat", "FORMATS", "Sample", "log_format", "printed_resolution", "FP32_HALF_ULP", "SNIFF_BYTES"]
 
 FP32_HALF_ULP = 2.0 ** -24  # relative: TensorBoard scalars are float32 (simple_value)
+SNIFF_BYTES = 4 << 20       # text formats are recognised within the first 4 MiB
+
+
+class Sample:
+    """What detection knows of a path: a folder's files, or a file's name and its first 4 MiB
+    (read once, on first use, whichever format's sniff asks)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.is_dir = path.is_dir()
+        self.name = path.name
+
+    def child(self, name: str) -> Path | None:
+        """The folder's file ``name``, if it is one."""
+        p = self.path / name
+        return p if self.is_dir and p.is_file() else None
+
+    @cached_property
+    def head(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read(SNIFF_BYTES)
+        except OSError as e:
+            raise MigrateError(f"{self.path}: cannot read ({e.strerror or e})") from None
+
+    @cached_property
+    def text(self) -> str:
+        return "" if self.is_dir else self.head.decode("utf-8", errors="replace")
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+    @cached_property
+    def first(self) -> str:
+        """The first non-blank line, stripped ('' for none)."""
+        return next((line.strip() for line in self.lines if line.strip()), "")
+
+    def has_line(self, pattern) -> bool:
+        """Whether a line of the sample matches the compiled regex ``pattern`` (anywhere in it)."""
+        return any(pattern.search(line) for line in self.lines)
+
+    @cached_property
+    def utf8(self) -> bool:
+        """The sample is UTF-8 text (a character cut by the sniffing limit does not count)."""
+        try:
+            self.head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return len(self.head) == SNIFF_BYTES and e.start >= len(self.head) - 3
+        return True
+
+
+# sniff(sample) -> what to read (a Path: a folder's file, or the path itself), True (the path), or
+# None/False (not this format). read(path, role) -> Run.
+Sniff = Callable[[Sample], "Path | bool | None"]
 
 
 @dataclass(frozen=True)
@@ -35,84 +101,27 @@ class LogFormat:
     note: str = ""
     lr_of_next_step: bool = False    # the logged lr is the next step's (the scheduler stepped before the log)
     printed: dict[str, str] = field(default_factory=dict)  # column -> how it is printed (`printed_resolution`)
+    # -- detection (registered formats only; TensorBoard dialects have none) --
+    sniff: Sniff | None = None       # tried on every path, formats in `rank` order; the first hit wins
+    rank: int = 50                   # a folder holding several formats' files reads the lowest rank's
+    fallback: Sniff | None = None    # tried only when no format's sniff claimed the path
+    known: str = ""                  # how compare's refusal names it ("" -> title)
+    folder: str = ""                 # what a run folder of this format holds, for the refusal ("": none)
+    read: Callable[[Path, str], Any] | None = None  # (path, role) -> Run; set by `log_format`
 
 
-FORMATS: dict[str, LogFormat] = {
-    "metrics": LogFormat(
-        "metrics", "metrics.jsonl", "golden/train_torch.py, migrate train",
-        {"step": "step", "loss": "loss", "lr": "lr", "grad_norm": "grad_norm",
-         "grad_norm_clipped": "grad_norm_clipped", "skipped": "skipped", "loss_scale": "loss_scale",
-         "tokens": "tokens"},
-        loss_averaged=False, torch_clip=True),
-    "hf_trainer": LogFormat(
-        "hf_trainer", "HF Trainer trainer_state.json",
-        "transformers/trainer.py: Trainer._maybe_log_save_evaluate and Trainer.log (state.log_history)",
-        {"step": "step", "loss": "loss", "lr": "learning_rate", "grad_norm": "grad_norm",
-         "tokens": "num_input_tokens_seen"},
-        loss_averaged=True, torch_clip=True,
-        printed={"loss": "repr", "lr": "repr", "grad_norm": "repr"},
-        note="loss = tr_loss / (global_step - last logged step): the mean since the previous entry; "
-             "learning_rate is read before lr_scheduler.step() (transformers 5; 4.x releases logged the next "
-             "step's lr, which the lr rule names as a schedule off by one step); grad_norm is "
-             "clip_grad_norm_'s pre-clip total norm. Numbers are Python reprs (exact); transformers 4.x rounded "
-             "the loss to 4 decimals, which is read from the file (every loss with <= 4 decimals). Entries "
-             "without 'loss' (evaluation, the final train_runtime summary) are skipped."),
-    "megatron": LogFormat(
-        "megatron", "Megatron-LM iteration log",
-        "megatron/training/training.py: training_log (print_rank_last(log_string))",
-        {"step": "iteration", "loss": "lm loss", "lr": "learning rate", "grad_norm": "grad norm",
-         "loss_scale": "loss scale", "skipped": "number of skipped iterations"},
-        loss_averaged=True, torch_clip=True, lr_of_next_step=True,
-        printed={"loss": "fixed", "lr": "fixed", "grad_norm": "fixed", "loss_scale": "fixed"},
-        note="'lm loss' is the mean over the advanced (not skipped) iterations since the previous line "
-             "(log_interval); 'learning rate' is the next iteration's (train_step runs opt_param_scheduler.step "
-             "before training_log); 'grad norm' (pre-clip, clip_grad_by_total_norm_fp32: max_norm / "
-             "(norm + 1e-6)) and 'loss scale' are the logged iteration's; 'number of skipped "
-             "iterations' counts the window's. Printed as {:.6E} (lm loss, lr; {:.3E} in releases before "
-             "2024), {:.3f} (grad norm), {:.1f} (loss scale)."),
-    "mindformers": LogFormat(
-        "mindformers", "MindSpore Transformers MFLossMonitor log",
-        "mindformers/core/callback/callback.py: MFLossMonitor.print_output_info",
-        {"step": "Epoch:[e/E], step:[s/S] -> (e - 1) * S + s", "loss": "loss", "lr": "lr",
-         "grad_norm": "global_norm", "loss_scale": "loss_scale", "skipped": "overflow cond"},
-        loss_averaged=False, torch_clip=False,
-        printed={"loss": "fixed", "lr": "numpy", "grad_norm": "numpy", "loss_scale": "numpy"},
-        note="'loss: %5.3f' (sink mode) or 'loss:[%5.3f/%5.3f]' (this step's / the epoch's running mean; "
-             "the first is read): three decimals; lr (the step's own: MFTrainOneStepCell evaluates the schedule "
-             "before calling the optimizer) and global_norm (pre-clip) are numpy values printed with %s; "
-             "per_print_times > 1 logs every N-th step's own values (no averaging)."),
-    "tensorboard": LogFormat(
-        "tensorboard", "TensorBoard event file",
-        "read with tensorboard.backend.event_processing.event_accumulator.EventAccumulator",
-        {}, loss_averaged=False, torch_clip=False,
-        note="scalar tags per producer below (TB_DIALECTS); values are float32"),
-}
+FORMATS: dict[str, LogFormat] = {}   # key -> format, filled by `log_format` as the readers load
 
-# TensorBoard tags per producer: compare's column <- tag; the dialect is the first whose loss and
-# lr tags the file has. Sources: transformers/integrations/integration_utils.py TensorBoardCallback.on_log
-# (rewrite_logs adds "train/"), Megatron-LM training_log (writer.add_scalar(key, loss_dict[key]) is
-# the iteration's own loss, not the printed window mean), MindFormers MFLossMonitor.print_output_info.
-TB_DIALECTS: dict[str, tuple[LogFormat, dict[str, str]]] = {
-    # migrate's own trainers (migrate/train/tensorboard.py SCALARS): the step's own values
-    "migrate": (
-        LogFormat("migrate_tb", "migrate TensorBoard", "migrate/train/tensorboard.py", {},
-                  loss_averaged=False, torch_clip=True),
-        {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
-         "grad_norm_clipped": "train/grad_norm_clipped", "loss_scale": "fp16/loss_scale"}),
-    "hf_trainer": (
-        LogFormat("hf_trainer_tb", "HF Trainer TensorBoard (TensorBoardCallback)",
-                  "transformers/integrations/integration_utils.py: TensorBoardCallback.on_log", {},
-                  loss_averaged=True, torch_clip=True),   # the same logs as log_history
-        {"loss": "train/loss", "lr": "train/learning_rate", "grad_norm": "train/grad_norm"}),
-    "megatron": (
-        LogFormat("megatron_tb", "Megatron-LM TensorBoard", FORMATS["megatron"].source, {},
-                  loss_averaged=False, torch_clip=True, lr_of_next_step=True),
-        {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale"}),
-    "mindformers": (
-        LogFormat("mindformers_tb", "MindSpore Transformers TensorBoard", FORMATS["mindformers"].source, {},
-                  loss_averaged=False, torch_clip=False),
-        {"loss": "loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale"}),
-}
+
+def log_format(fmt: LogFormat):
+    """Register ``fmt`` with the decorated function as its reader: ``@log_format(LogFormat(...))``."""
+    def register(read: Callable[[Path, str], Any]):
+        old = FORMATS.get(fmt.key)
+        if old is not None and (old.read.__module__, old.read.__qualname__) != (read.__module__, read.__qualname__):
+            raise ValueError(f"log format {fmt.key!r} registered twice")
+        FORMATS[fmt.key] = replace(fmt, read=read)
+        return read
+    return register
 
 
 def printed_resolution(text: str, style: str = "fixed") -> float:
