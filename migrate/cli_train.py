@@ -1,14 +1,19 @@
 """Subcommands of the training side: data, train, ckpt, hparams, compare.
 
 Argument parsing only; each calls one library function, imported inside its
-function as in `migrate.cli`. Registered into the main parser by `migrate.cli`.
+function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli_verbs`).
 """
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, group, verb
 from migrate.errors import MigrateError
 from migrate.models.registry import TrustModelClassAction
 
 
+group("data", "prepare training data", dest="data_command")
+
+
+@verb("data tokenize", "text files -> MindRecord + .npy twin for the golden script")
 def _cmd_data_tokenize(args) -> int:
     from migrate.checkpoints.output_guard import check_output
     from migrate.data.tokenize import tokenize_corpus
@@ -24,6 +29,17 @@ def _cmd_data_tokenize(args) -> int:
     return 0
 
 
+@arguments("data tokenize")
+def _data_tokenize_arguments(p) -> None:
+    p.add_argument("files", nargs="+", help="text files (one document each)")
+    p.add_argument("--tokenizer", required=True, help="HF folder holding the tokenizer")
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--out", required=True, help="output data folder")
+    p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
+    p.add_argument("--overwrite", action="store_true")
+
+
+@verb("compare", "loss / lr / grad-norm of two training runs; exit 1 on drift")
 def _cmd_compare(args) -> int:
     from migrate.compare import compare_runs, print_summary, write_json, write_plot
     from migrate.ui import console
@@ -43,6 +59,31 @@ def _cmd_compare(args) -> int:
     return result.exit_code
 
 
+@arguments("compare")
+def _compare_arguments(p) -> None:
+    p.add_argument("golden", help="golden metrics.jsonl or run folder; or HF Trainer trainer_state.json, a Megatron-LM "
+                                  "or MindSpore Transformers log, TensorBoard event files (format detected)")
+    p.add_argument("ms", help="MindSpore metrics.jsonl or run folder (or any format the golden takes)")
+    p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
+    p.add_argument("--plot", help="write a PNG of the curves and their difference")
+    p.add_argument("--json", help="write the comparison as JSON")
+    p.add_argument("--allow-prefix", action="store_true", help="accept a run that stopped early")
+    p.add_argument("--tol-first", type=float, help="first-step loss relative difference bound")
+    p.add_argument("--tol-mean", type=float, help="mean relative loss difference bound")
+    p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
+    p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
+    p.add_argument("--tol-clip", type=float, help="mean signed post-clip grad-norm relative difference bound")
+    p.add_argument("--tol-drift", type=float,
+                   help="fp32: how far (x the first steps' level) the loss rel diff may stay on one side (default 10)")
+    p.add_argument("--hparams", nargs=2, metavar=("GOLDEN", "MS"),
+                   help="the two runs' effective_hparams.json (default: the files beside each metrics.jsonl)")
+
+
+group("keymap", "work with keymaps", dest="keymap_command")
+
+
+@verb("keymap check", "report what a keymap leaves unmapped on each side, moving no data")
 def _cmd_keymap_check(args) -> int:
     from migrate.keymap_check import check_keymap
     from migrate.ui import console
@@ -67,6 +108,16 @@ def _cmd_keymap_check(args) -> int:
     return 0 if result.complete else 1
 
 
+@arguments("keymap check")
+def _keymap_check_arguments(p) -> None:
+    p.add_argument("keymap", help="a keymap YAML file (or a bundled family name)")
+    p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
+    p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
+    p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+
+
+@verb("train", "continue pretraining the converted model on MindSpore")
 def _cmd_train(args) -> int:
     from migrate.train.cluster import Cluster
     from migrate.train.config import RunConfig
@@ -85,6 +136,35 @@ def _cmd_train(args) -> int:
     return 0
 
 
+@arguments("train")
+def _train_arguments(p) -> None:
+    p.add_argument("--config", required=True, help="run.yaml (shared with golden/train_torch.py)")
+    p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
+    p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
+    p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
+    p.add_argument("--profile", action="store_true",
+                   help="time each step's phases (data, forward+backward, clip, optimizer, dp reduction, host): "
+                        "time_*_s fields in metrics.jsonl and a table at the end; the step then runs as "
+                        "separate graphs (same numbers), not as the one graph a plain run may use")
+    p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
+                   help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
+    g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel ranks (the config's micro batch is per rank)")
+    g.add_argument("--mp", type=int, default=1, help="tensor-parallel width (Ascend/GPU only)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages (Ascend/GPU only)")
+    g.add_argument("--micro-batches", type=int, default=1, help="pipeline micro-batches per step (with --pp)")
+    g.add_argument("--optimizer-shard", action="store_true", help="split AdamW states over dp (Ascend/GPU only)")
+    g.add_argument("--nodes", type=int, default=1, help="machines taking part; run the command on each")
+    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
+    g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
+    g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
+    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+
+
+group("ckpt", "work with training checkpoints", dest="ckpt_command")
+
+
+@verb("ckpt merge", "one single-process checkpoint from a multi-process one")
 def _cmd_ckpt_merge(args) -> int:
     from migrate.train.ckpt import merge_checkpoint
     from migrate.ui import console
@@ -94,6 +174,14 @@ def _cmd_ckpt_merge(args) -> int:
     return 0
 
 
+@arguments("ckpt merge")
+def _ckpt_merge_arguments(p) -> None:
+    p.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its latest checkpoint)")
+    p.add_argument("out", help="output checkpoint folder")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (atomically)")
+
+
+@verb("hparams", "both sides' effective hyperparameters; exit 1 on any difference")
 def _cmd_hparams(args) -> int:
     from migrate.train.config import RunConfig
     from migrate.train.hparams import format_report, hparams_report
@@ -108,6 +196,13 @@ def _cmd_hparams(args) -> int:
     report = hparams_report(RunConfig.load(args.config))
     console().print(format_report(report), markup=False, highlight=False)
     return report.exit_status
+
+
+@arguments("hparams")
+def _hparams_arguments(p) -> None:
+    p.add_argument("config", help="run.yaml")
+    p.add_argument("--mindformers", metavar="MF_YAML",
+                   help="compare the golden with what MindSpore Transformers 2.0.0 does with this run YAML")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -125,6 +220,7 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+@verb("plan", "per-device memory estimate and a ranked list of parallel layouts that fit")
 def _cmd_plan(args) -> int:
     from migrate.hf_model_config import hf_folder, model_config_from_hf
     from migrate.models.config import LlamaConfig
@@ -147,57 +243,8 @@ def _cmd_plan(args) -> int:
     return 0 if result.valid else 1
 
 
-def register(sub) -> None:
-    data = sub.add_parser("data", help="prepare training data")
-    data_sub = data.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("tokenize", help="text files -> MindRecord + .npy twin for the golden script")
-    p.add_argument("files", nargs="+", help="text files (one document each)")
-    p.add_argument("--tokenizer", required=True, help="HF folder holding the tokenizer")
-    p.add_argument("--seq-length", type=int, required=True)
-    p.add_argument("--out", required=True, help="output data folder")
-    p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_cmd_data_tokenize)
-
-    p = sub.add_parser("train", help="continue pretraining the converted model on MindSpore")
-    p.add_argument("--config", required=True, help="run.yaml (shared with golden/train_torch.py)")
-    p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
-    p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
-    p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
-    p.add_argument("--profile", action="store_true",
-                   help="time each step's phases (data, forward+backward, clip, optimizer, dp reduction, host): "
-                        "time_*_s fields in metrics.jsonl and a table at the end; the step then runs as "
-                        "separate graphs (same numbers), not as the one graph a plain run may use")
-    p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
-                   help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
-    g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel ranks (the config's micro batch is per rank)")
-    g.add_argument("--mp", type=int, default=1, help="tensor-parallel width (Ascend/GPU only)")
-    g.add_argument("--pp", type=int, default=1, help="pipeline stages (Ascend/GPU only)")
-    g.add_argument("--micro-batches", type=int, default=1, help="pipeline micro-batches per step (with --pp)")
-    g.add_argument("--optimizer-shard", action="store_true", help="split AdamW states over dp (Ascend/GPU only)")
-    g.add_argument("--nodes", type=int, default=1, help="machines taking part; run the command on each")
-    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
-    g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
-    g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    p.set_defaults(func=_cmd_train)
-
-    ck = sub.add_parser("ckpt", help="work with training checkpoints")
-    ck_sub = ck.add_subparsers(dest="ckpt_command", required=True)
-    p = ck_sub.add_parser("merge", help="one single-process checkpoint from a multi-process one")
-    p.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its latest checkpoint)")
-    p.add_argument("out", help="output checkpoint folder")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (atomically)")
-    p.set_defaults(func=_cmd_ckpt_merge)
-
-    p = sub.add_parser("hparams", help="both sides' effective hyperparameters; exit 1 on any difference")
-    p.add_argument("config", help="run.yaml")
-    p.add_argument("--mindformers", metavar="MF_YAML",
-                   help="compare the golden with what MindSpore Transformers 2.0.0 does with this run YAML")
-    p.set_defaults(func=_cmd_hparams)
-
-    p = sub.add_parser("plan", help="per-device memory estimate and a ranked list of parallel layouts that fit")
+@arguments("plan")
+def _plan_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="a converted MindSpore folder or its model.yaml; or an HF folder or its config.json")
     p.add_argument("--devices", type=int, required=True)
@@ -209,35 +256,3 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=20, help="layouts to list")
     p.add_argument("--lora-rank", type=int, help="plan a LoRA run of this rank (base frozen), beside full training")
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="LoRA target modules: q_proj,v_proj or all-linear")
-    p.set_defaults(func=_cmd_plan)
-
-    km = sub.add_parser("keymap", help="work with keymaps")
-    km_sub = km.add_subparsers(dest="keymap_command", required=True)
-    p = km_sub.add_parser("check", help="report what a keymap leaves unmapped on each side, moving no data")
-    p.add_argument("keymap", help="a keymap YAML file (or a bundled family name)")
-    p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
-    p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
-    p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    p.set_defaults(func=_cmd_keymap_check)
-
-    p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")
-    p.add_argument("golden", help="golden metrics.jsonl or run folder; or HF Trainer trainer_state.json, a Megatron-LM "
-                                  "or MindSpore Transformers log, TensorBoard event files (format detected)")
-    p.add_argument("ms", help="MindSpore metrics.jsonl or run folder (or any format the golden takes)")
-    p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
-    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
-    p.add_argument("--plot", help="write a PNG of the curves and their difference")
-    p.add_argument("--json", help="write the comparison as JSON")
-    p.add_argument("--allow-prefix", action="store_true", help="accept a run that stopped early")
-    p.add_argument("--tol-first", type=float, help="first-step loss relative difference bound")
-    p.add_argument("--tol-mean", type=float, help="mean relative loss difference bound")
-    p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
-    p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
-    p.add_argument("--tol-clip", type=float, help="mean signed post-clip grad-norm relative difference bound")
-    p.add_argument("--tol-drift", type=float,
-                   help="fp32: how far (x the first steps' level) the loss rel diff may stay on one side (default 10)")
-    p.add_argument("--hparams", nargs=2, metavar=("GOLDEN", "MS"),
-                   help="the two runs' effective_hparams.json (default: the files beside each metrics.jsonl)")
-    p.set_defaults(func=_cmd_compare)
-

@@ -32,7 +32,8 @@ LAYERS = [
                "migrate.infer"]),
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the
     # planner runs in a clean interpreter (its lazy imports are what it measures).
-    ("entry points", ["migrate.cli", "migrate.cli_train", "migrate.cli_lora", "migrate.cli_mindformers",
+    ("entry points", ["migrate.cli", "migrate.cli_verbs", "migrate.cli_train", "migrate.cli_lora",
+                      "migrate.cli_mindformers",
                       "migrate.cli_infer",
                       "migrate.cli_probe",
                       "migrate.cli_health", "migrate.cli_vocab", "migrate.cli_report",
