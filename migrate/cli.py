@@ -11,13 +11,13 @@ MindSpore, whose import alone holds 0.5 GB).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from migrate import __version__
-from migrate.cli_verbs import add_verbs, arguments, verb
+from migrate.cli_verbs import add_verbs, arguments, trust_argument, verb
 from migrate.errors import MigrateError
 from migrate.keymap import available
-from migrate.models.registry import TrustModelClassAction
 from migrate.dtype_names import NAMES
 
 
@@ -73,7 +73,7 @@ def _convert_arguments(p) -> None:
     p.add_argument("--max-shard-size", metavar="SIZE",
                    help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
                         "default 1.9GB for ckpt, one file for safetensors")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    trust_argument(p)
     p.add_argument("--mindformers-yaml", metavar="FILE", help="also write a MindSpore Transformers 2.0.0 run YAML "
                                                                "for the output (see migrate mindformers-config)")
     p.add_argument("--mindformers-run", metavar="RUN_YAML", help="with --mindformers-yaml: translate this run.yaml's "
@@ -117,7 +117,7 @@ def _export_arguments(p) -> None:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--checkpoint", metavar="FILE", help="export this checkpoint of the folder's model instead of its "
                                                         "own (e.g. one MindFormers trained; optimizer state skipped)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    trust_argument(p)
     from migrate.cli_infer import mindir_options
 
     mindir_options(p)  # --format hf|mindir and the MindIR export's shapes
@@ -223,7 +223,7 @@ def _diff_arguments(p) -> None:
     p.add_argument("--kl", type=float, help="override the KL bound (logits)")
     p.add_argument("--threshold", action="append", metavar="KIND.NAME=VALUE",
                    help="fine-grained override, e.g. grad.cosine=0.9999 (repeatable)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    trust_argument(p)
     from migrate.cli_probe import add_diff_options
 
     add_diff_options(p)
@@ -243,9 +243,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from migrate.keymap import use_keymap_dir
+    from migrate.models.registry import TRUST_ENV
     from migrate.signals import Interrupted, handled
 
+    # The environment is read here, in the entry point, and nowhere below it.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
+    use_keymap_dir(os.environ.get("MIGRATE_KEYMAPS"))  # another keymap folder instead of the bundled one
     args = build_parser().parse_args(argv)
+    if getattr(args, "trust_model_class", False):
+        # The opt-in, for this process's checks and the msrun workers it starts (their environment).
+        os.environ[TRUST_ENV] = "1"
     try:
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)

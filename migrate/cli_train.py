@@ -5,9 +5,8 @@ function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, group, verb
+from migrate.cli_verbs import arguments, group, trust_argument, verb
 from migrate.errors import MigrateError
-from migrate.models.registry import TrustModelClassAction
 
 
 group("data", "prepare training data", dest="data_command")
@@ -114,7 +113,7 @@ def _keymap_check_arguments(p) -> None:
     p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
     p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
     p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    trust_argument(p)
 
 
 @verb("train", "continue pretraining the converted model on MindSpore")
@@ -158,7 +157,7 @@ def _train_arguments(p) -> None:
     g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
     g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
     g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
+    trust_argument(p)
 
 
 group("ckpt", "work with training checkpoints", dest="ckpt_command")

@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Verb", "VERBS", "verb", "arguments", "group", "add_verbs"]
+__all__ = ["Verb", "VERBS", "verb", "arguments", "group", "add_verbs", "trust_argument"]
 
 Options = Callable[[argparse.ArgumentParser], None]
 Handler = Callable[[argparse.Namespace], int]
@@ -80,3 +80,10 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
         if v.options is not None:
             v.options(p)
         p.set_defaults(func=v.run)
+
+
+def trust_argument(p: argparse.ArgumentParser) -> None:
+    """`--trust-model-class`: a plain flag (args.trust_model_class); `migrate.cli.main` hands it on."""
+    p.add_argument("--trust-model-class", action="store_true",
+                   help="import a model class that migrate does not bundle (model.yaml `model_class`, "
+                        "keymap `target`); only for folders and keymaps you trust")
