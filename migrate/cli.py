@@ -38,7 +38,8 @@ def _cmd_convert(args) -> int:
     with progress_bar("converting") as update:
         result = convert(args.src_dir, args.out_dir, keymap=args.keymap or args.src, fmt=args.format,
                          dtype=args.dtype, overwrite=args.overwrite, on_tensor=update,
-                         max_shard_size=args.max_shard_size, hash_sources=args.hash_sources, target=target)
+                         max_shard_size=args.max_shard_size, hash_sources=args.hash_sources, target=target,
+                         trust=args.trust_model_class)
     console().print(
         f"[green]converted[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.2f}s -> {result.out_dir}"
@@ -95,7 +96,7 @@ def _cmd_export(args) -> int:
 
     with progress_bar("exporting") as update:
         result = export(args.ms_dir, args.out_dir, keymap=args.keymap or args.src, overwrite=args.overwrite,
-                        on_tensor=update, checkpoint=args.checkpoint)
+                        on_tensor=update, checkpoint=args.checkpoint, trust=args.trust_model_class)
     console().print(
         f"[green]exported[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"in {result.seconds:.2f}s -> {result.out_dir}"

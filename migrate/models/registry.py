@@ -103,7 +103,7 @@ def family_of(config) -> Family:
 
 
 # ---------- configs ----------
-def config_class(target: str | None):
+def config_class(target: str | None, trust: bool = False):
     """The config class of model class `target` (`module:Class`): a bundled model's
     without importing MindSpore; a user's model's `config_class` attribute, else LlamaConfig."""
     if not target:
@@ -112,10 +112,10 @@ def config_class(target: str | None):
     if family is not None:
         return family.config_class
     # A class of the user's: imported only where `check_model_class` allows it.
-    return getattr(model_class(target), "config_class", LlamaConfig)
+    return getattr(model_class(target, trust), "config_class", LlamaConfig)
 
 
-def load_model_config(path: str | Path):
+def load_model_config(path: str | Path, trust: bool = False):
     """model.yaml -> the config object of the model class it names (`model_class`)."""
     path = Path(path)
     if path.is_dir():
@@ -124,7 +124,7 @@ def load_model_config(path: str | Path):
     if path.is_file():
         data = load_yaml(path, "model config")
         target = data.get(MODEL_CLASS_FIELD) if isinstance(data, dict) else None
-    return config_class(target).load(path)
+    return config_class(target, trust).load(path)
 
 
 # ---------- shapes ----------
