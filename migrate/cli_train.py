@@ -223,7 +223,7 @@ def parse_size(text: str) -> int:
 def _cmd_plan(args) -> int:
     from migrate.hf_model_config import hf_folder, model_config_from_hf
     from migrate.models.config import LlamaConfig
-    from migrate.plan import plan, print_plan
+    from migrate.memory_plan import plan, print_plan
     from migrate.ui import console
 
     # an HF folder (or its config.json): the config convert would write, no weights read

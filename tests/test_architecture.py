@@ -24,7 +24,7 @@ LAYERS = [
                             "migrate.models.registry", "migrate.models.shapes", "migrate.models.support",
                             "migrate.models.rope", "migrate.models.anatomy", "migrate.lora"]),
     ("conversion", ["migrate.convert", "migrate.export", "migrate.inspect_ckpt", "migrate.keymap_check",
-                    "migrate.plan", "migrate.lora.transfer", "migrate.lora.memory", "migrate.vocab",
+                    "migrate.memory_plan", "migrate.lora.transfer", "migrate.lora.memory", "migrate.vocab",
                     "migrate.hf_model_config"]),
     ("MindSpore models", ["migrate.models", "migrate.lora.cells"]),  # lora.cells: the adapter as MindSpore cells
     ("judge", ["migrate.judge", "migrate.compare"]),  # compare: the curve judge for `migrate compare`
@@ -38,7 +38,7 @@ LAYERS = [
                       "migrate.cli_probe",
                       "migrate.cli_health", "migrate.cli_vocab", "migrate.cli_report",
                       "migrate.demo", "migrate.demo_train",
-                      "migrate.__main__", "migrate.train.worker", "migrate.plan_measure"]),
+                      "migrate.__main__", "migrate.train.worker", "migrate.memory_plan_measure"]),
 ]
 ENTRY = "entry points"  # the command line loads only what the chosen command needs
 HEAVY = {"mindspore", "torch", "transformers", "matplotlib", "peft", "tokenizers"}

@@ -32,7 +32,7 @@ def test_one_vocabulary_of_precisions():
 
 def test_other_dtype_tables_read_the_vocabulary():
     from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, short_name
-    from migrate.plan import DTYPE_BYTES
+    from migrate.memory_plan import DTYPE_BYTES
     from migrate.compare import Tolerances
     from migrate.compare.hparams_check import _dtype
 

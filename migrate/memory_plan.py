@@ -407,7 +407,7 @@ def measure_peak_details(config, micro_batch: int, seq_length: int, steps: int =
     arg = json.dumps({"config": data, "micro_batch": micro_batch, "seq_length": seq_length,
                       "steps": steps, "mode": mode})
     env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    proc = subprocess.run([sys.executable, "-m", "migrate.plan_measure", arg], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "migrate.memory_plan_measure", arg], capture_output=True, text=True,
                           timeout=timeout, env=env)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
