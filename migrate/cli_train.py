@@ -187,7 +187,7 @@ def _cmd_hparams(args) -> int:
     from migrate.ui import console
 
     if args.mindformers:  # the MindFormers YAML as the second side
-        from migrate.mindformers.hparams import format_mf_report, mf_hparams_report
+        from migrate.mindformers.hparams_vs_golden import format_mf_report, mf_hparams_report
 
         report = mf_hparams_report(RunConfig.load(args.config), args.mindformers)
         console().print(format_mf_report(report), markup=False, highlight=False)

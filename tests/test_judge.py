@@ -34,7 +34,7 @@ def test_other_dtype_tables_read_the_vocabulary():
     from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, short_name
     from migrate.memory_plan import DTYPE_BYTES
     from migrate.compare import Tolerances
-    from migrate.compare.hparams_check import _dtype
+    from migrate.compare.effective_hparams import _dtype
 
     assert DTYPE_BYTES == {s: PRECISIONS[n].bytes for s, n in SPELLINGS.items()}
     assert {short_name(dt): COMPUTE_DTYPE[dt] for dt in CLI_DTYPES.values()} == {

@@ -41,7 +41,7 @@ Rules (each names the first step out of tolerance)
 ``clip``   when both logs have grad_norm_clipped (`clip.clip_check`);
 ``hparams`` the two runs' effective_hparams.json (beside each metrics.jsonl,
            or ``hparams=(golden_file, ms_file)``): any knob both record that
-           differs fails, named with both values (`hparams_check`); without
+           differs fails, named with both values (`effective_hparams`); without
            both files the check is skipped and a note says so.
 
 First-step scale (`reference`)
@@ -134,7 +134,7 @@ from migrate.compare.stats import (
     rel_diff,
     running_mean,
 )
-from migrate.compare.hparams_check import HparamsCheck
+from migrate.compare.effective_hparams import HparamsCheck
 
 __all__ = ["hparams_rule", "coverage_rule", "agreement_rules", "measure_noise", "band_factor", "loss_rules",
            "lr_rule", "grad_rules", "noise_notes"]

@@ -37,7 +37,7 @@ from migrate.compare.rules import (
 )
 from migrate.compare.stats import at_steps, rel_diff, trailing_mean
 from migrate.compare.tolerances import Tolerances
-from migrate.compare.hparams_check import cross_check
+from migrate.compare.effective_hparams import cross_check
 
 __all__ = ["compare_runs"]
 
