@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     from migrate.models.registry import TRUST_ENV
     from migrate.signals import Interrupted, handled
 
-    # The environment is read here, in the entry point, and nowhere below it.
+    # The environment is read here, in the entry point (and, for the trust opt-in, by the workers it starts).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
     use_keymap_dir(os.environ.get("MIGRATE_KEYMAPS"))  # another keymap folder instead of the bundled one
     args = build_parser().parse_args(argv)
