@@ -3,21 +3,25 @@
 User mistakes (MigrateError) and OSErrors on the user's paths print one line on stderr and exit 2,
 with no traceback; SIGINT and SIGTERM exit 130 and 143 after the same cleanup.
 
-Each subcommand imports its library inside its function: a command loads only what it
-runs (`migrate convert` never imports MindSpore, whose import alone holds 0.5 GB).
+Each verb is declared at its handler (`@verb(name, help)`, and `@arguments(name)` on what adds its
+arguments: `migrate.cli_verbs`); the parser is built from those declarations. Each handler imports
+its library inside its function: a command loads only what it runs (`migrate convert` never imports
+MindSpore, whose import alone holds 0.5 GB).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from migrate import __version__
+from migrate.cli_verbs import add_verbs, arguments, trust_argument, verb
 from migrate.errors import MigrateError
 from migrate.keymap import available
-from migrate.models.registry import TrustModelClassAction
 from migrate.dtype_names import NAMES
 
 
+@verb("convert", "HF checkpoint folder -> MindSpore checkpoint folder")
 def _cmd_convert(args) -> int:
     from migrate.convert import convert
     from migrate.ui import console, progress_bar
@@ -34,7 +38,8 @@ def _cmd_convert(args) -> int:
     with progress_bar("converting") as update:
         result = convert(args.src_dir, args.out_dir, keymap=args.keymap or args.src, fmt=args.format,
                          dtype=args.dtype, overwrite=args.overwrite, on_tensor=update,
-                         max_shard_size=args.max_shard_size, hash_sources=args.hash_sources, target=target)
+                         max_shard_size=args.max_shard_size, hash_sources=args.hash_sources, target=target,
+                         trust=args.trust_model_class)
     console().print(
         f"[green]converted[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"({result.bytes_written / 2**20:.1f} MiB) in {result.seconds:.2f}s -> {result.out_dir}"
@@ -47,13 +52,51 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+@arguments("convert")
+def _convert_arguments(p) -> None:
+    p.add_argument("src_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--src", default="hf_llama",
+                   help=f"source family (a keymap name: {', '.join(available())}) "
+                        "or 'auto' from config.json")
+    p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
+    p.add_argument("--format", choices=["ckpt", "safetensors"], default="ckpt")
+    p.add_argument("--dtype", choices=["keep", "fp32", "fp16", "bf16"], default="keep")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--qkv-concat", action="store_true",
+                   help="MindFormers' fused layout: attention.w_qkv (per KV group) and feed_forward.w_gate_hidden "
+                        "(gate/up interleaved); the same as --target qkv_concat")
+    p.add_argument("--target", metavar="NAME",
+                   help="another MindSpore layout from the keymap's `targets` (hf_llama and its family: "
+                        "qkv_concat, mcore = MindFormers 2.x names)")
+    p.add_argument("--hash-sources", action="store_true",
+                   help="record the sha256 of every source file in conversion.json (about 1 CPU-second per GB)")
+    p.add_argument("--max-shard-size", metavar="SIZE",
+                   help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
+                        "default 1.9GB for ckpt, one file for safetensors")
+    trust_argument(p)
+    p.add_argument("--mindformers-yaml", metavar="FILE", help="also write a MindSpore Transformers 2.0.0 run YAML "
+                                                               "for the output (see migrate mindformers-config)")
+    p.add_argument("--mindformers-run", metavar="RUN_YAML", help="with --mindformers-yaml: translate this run.yaml's "
+                                                                  "training knobs into it")
+    from migrate.cli_mindformers import add_yaml_options
+
+    add_yaml_options(p, standalone=False)
+
+
+@verb("export", "MindSpore checkpoint folder -> HF folder (inverse keymap)")
 def _cmd_export(args) -> int:
+    from migrate.cli_infer import cmd_export_mindir, hf_only
+
+    if args.format == "mindir":
+        return cmd_export_mindir(args)
+    hf_only(args)
     from migrate.export import export
     from migrate.ui import console, progress_bar
 
     with progress_bar("exporting") as update:
         result = export(args.ms_dir, args.out_dir, keymap=args.keymap or args.src, overwrite=args.overwrite,
-                        on_tensor=update, checkpoint=args.checkpoint)
+                        on_tensor=update, checkpoint=args.checkpoint, trust=args.trust_model_class)
     console().print(
         f"[green]exported[/] {result.tensors} tensors, {result.parameters:,} parameters "
         f"in {result.seconds:.2f}s -> {result.out_dir}"
@@ -66,6 +109,22 @@ def _cmd_export(args) -> int:
     return 0
 
 
+@arguments("export")
+def _export_arguments(p) -> None:
+    p.add_argument("ms_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--src", help="family whose keymap converted the model (default: what conversion.json records)")
+    p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--checkpoint", metavar="FILE", help="export this checkpoint of the folder's model instead of its "
+                                                        "own (e.g. one MindFormers trained; optimizer state skipped)")
+    trust_argument(p)
+    from migrate.cli_infer import mindir_options
+
+    mindir_options(p)  # --format hf|mindir and the MindIR export's shapes
+
+
+@verb("inspect", "list the tensors of a checkpoint without loading them")
 def _cmd_inspect(args) -> int:
     from rich.table import Table
 
@@ -93,6 +152,12 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+@arguments("inspect")
+def _inspect_arguments(p) -> None:
+    p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")
+
+
+@verb("diff", "run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
 def _cmd_diff(args) -> int:
     from migrate.align.faults import all_faults
     from migrate.ui import console
@@ -128,54 +193,8 @@ def _cmd_diff(args) -> int:
     return report.exit_code
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="migrate", description="PyTorch/HF to MindSpore migration for LLMs")
-    parser.add_argument("--version", action="version", version=f"migrate {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("convert", help="HF checkpoint folder -> MindSpore checkpoint folder")
-    p.add_argument("src_dir")
-    p.add_argument("out_dir")
-    p.add_argument("--src", default="hf_llama",
-                   help=f"source family (a keymap name: {', '.join(available())}) "
-                        "or 'auto' from config.json")
-    p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
-    p.add_argument("--format", choices=["ckpt", "safetensors"], default="ckpt")
-    p.add_argument("--dtype", choices=["keep", "fp32", "fp16", "bf16"], default="keep")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p.add_argument("--qkv-concat", action="store_true",
-                   help="MindFormers' fused layout: attention.w_qkv (per KV group) and feed_forward.w_gate_hidden "
-                        "(gate/up interleaved); the same as --target qkv_concat")
-    p.add_argument("--target", metavar="NAME",
-                   help="another MindSpore layout from the keymap's `targets` (hf_llama and its family: "
-                        "qkv_concat, mcore = MindFormers 2.x names)")
-    p.add_argument("--hash-sources", action="store_true",
-                   help="record the sha256 of every source file in conversion.json (about 1 CPU-second per GB)")
-    p.add_argument("--max-shard-size", metavar="SIZE",
-                   help="split the checkpoint into files of at most SIZE (e.g. 1.9GB, 500MB, 2GiB) with an index; "
-                        "default 1.9GB for ckpt, one file for safetensors")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    p.add_argument("--mindformers-yaml", metavar="FILE", help="also write a MindSpore Transformers 2.0.0 run YAML "
-                                                               "for the output (see migrate mindformers-config)")
-    p.add_argument("--mindformers-run", metavar="RUN_YAML", help="with --mindformers-yaml: translate this run.yaml's "
-                                                                  "training knobs into it")
-    from migrate.cli_mindformers import add_yaml_options
-
-    add_yaml_options(p, standalone=False)
-    p.set_defaults(func=_cmd_convert)
-
-    p = sub.add_parser("export", help="MindSpore checkpoint folder -> HF folder (inverse keymap)")
-    p.add_argument("ms_dir")
-    p.add_argument("out_dir")
-    p.add_argument("--src", help="family whose keymap converted the model (default: what conversion.json records)")
-    p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--checkpoint", metavar="FILE", help="export this checkpoint of the folder's model instead of its "
-                                                        "own (e.g. one MindFormers trained; optimizer state skipped)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    p.set_defaults(func=_cmd_export)
-
-    p = sub.add_parser("diff", help="run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
+@arguments("diff")
+def _diff_arguments(p) -> None:
     p.add_argument("hf_dir", nargs="?")
     p.add_argument("ms_dir", nargs="?")
     p.add_argument("--src", help="family whose keymap pairs the names (default: the one conversion.json records)")
@@ -205,39 +224,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kl", type=float, help="override the KL bound (logits)")
     p.add_argument("--threshold", action="append", metavar="KIND.NAME=VALUE",
                    help="fine-grained override, e.g. grad.cosine=0.9999 (repeatable)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    from migrate.cli_probe import add_diff_options, register as register_probe
+    trust_argument(p)
+    from migrate.cli_probe import add_diff_options
+
     add_diff_options(p)
-    p.set_defaults(func=_cmd_diff)
 
-    p = sub.add_parser("inspect", help="list the tensors of a checkpoint without loading them")
-    p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")
-    p.set_defaults(func=_cmd_inspect)
 
-    from migrate.cli_train import register
+def build_parser() -> argparse.ArgumentParser:
+    # Importing a module declares its verbs, listed in `migrate --help` after this module's, in this
+    # order (each is light: its handlers import their library when they run). A new cli_* module
+    # adds itself here; a new verb in one of them needs nothing else.
+    from migrate import (cli_train, cli_mindformers, cli_lora, cli_infer, cli_probe, cli_vocab,  # noqa: F401
+                         cli_report, cli_health)
 
-    register(sub)
-    from migrate.cli_mindformers import register as register_mindformers
-
-    register_mindformers(sub)
-    from migrate.cli_lora import register as register_lora
-    register_lora(sub)
-    from migrate.cli_infer import register as register_infer
-    register_infer(sub)  # generate; export --format mindir
-    register_probe(sub)
-    from migrate.cli_vocab import register as register_vocab
-    register_vocab(sub)
-    from migrate.cli_report import register as register_report
-    register_report(sub)
-    from migrate.cli_health import register as register_health
-    register_health(sub)
+    parser = argparse.ArgumentParser(prog="migrate", description="PyTorch/HF to MindSpore migration for LLMs")
+    parser.add_argument("--version", action="version", version=f"migrate {__version__}")
+    add_verbs(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from migrate.keymap import use_keymap_dir
+    from migrate.models.registry import TRUST_ENV
     from migrate.signals import Interrupted, handled
 
+    # The environment is read here, in the entry point (and, for the trust opt-in, by the workers it starts).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
+    use_keymap_dir(os.environ.get("MIGRATE_KEYMAPS"))  # another keymap folder instead of the bundled one
     args = build_parser().parse_args(argv)
+    if getattr(args, "trust_model_class", False):
+        # The opt-in, for this process's checks and the msrun workers it starts (their environment).
+        os.environ[TRUST_ENV] = "1"
     try:
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)

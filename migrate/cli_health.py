@@ -1,11 +1,14 @@
 """`migrate health RUN`: the health watch's account of a finished or running training run.
 
-Argument parsing only; calls `migrate.train.health_summary.summarise`. Registered into the
-main parser by `migrate.cli`.
+Argument parsing only; calls `migrate.train.health_summary.summarise`. The verb is declared at its
+handler (`migrate.cli_verbs`).
 """
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, verb
 
+
+@verb("health", "summarise a training run's health events (exit 0 healthy, 1 not)")
 def _cmd_health(args) -> int:
     import json
 
@@ -24,8 +27,7 @@ def _cmd_health(args) -> int:
     return code
 
 
-def register(sub) -> None:
-    p = sub.add_parser("health", help="summarise a training run's health events (exit 0 healthy, 1 not)")
+@arguments("health")
+def _health_arguments(p) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder(s): metrics.jsonl, health.jsonl")
     p.add_argument("--json", action="store_true", help="one JSON object per run instead of text")
-    p.set_defaults(func=_cmd_health)

@@ -1,13 +1,15 @@
 """Subcommands of the inference side: `generate`, and `export --format mindir`.
 
 Argument parsing only; each calls one library function (`migrate.infer`), imported inside its
-function as in `migrate.cli`. `register` adds `generate` and gives the existing `export`
-subcommand its `--format hf|mindir` switch (hf, the default, is the inverse-keymap export).
+function as in `migrate.cli`. `generate` is declared here; `migrate.cli`'s `export` takes its
+`--format hf|mindir` switch and the MindIR options from `mindir_options`, and hands --format mindir
+to `cmd_export_mindir` (hf, the default, is the inverse-keymap export).
 """
 from __future__ import annotations
 
 import sys
 
+from migrate.cli_verbs import arguments, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 
@@ -19,6 +21,7 @@ def _sampling(args):
                     repetition_penalty=args.repetition_penalty, seed=args.seed)
 
 
+@verb("generate", "generate text with a converted model (KV cache) or its MindIR export")
 def _cmd_generate(args) -> int:
     from migrate.infer.request import Options, Source, generate_text
     from migrate.ui import console
@@ -53,26 +56,8 @@ def _cmd_generate(args) -> int:
     return 0
 
 
-def _cmd_export_mindir(args) -> int:
-    from migrate.infer.mindir import export_mindir
-    from migrate.ui import console
-
-    if args.src or args.keymap:
-        raise MigrateError("--src and --keymap do not apply to --format mindir")
-    dtype = None
-    if args.dtype:
-        from migrate.dtype_names import PRECISIONS
-
-        dtype = PRECISIONS[args.dtype].compute
-    record = export_mindir(args.ms_dir, args.out_dir, batch=args.batch or 1, prefill_len=args.prefill_len or 64,
-                           cache_len=args.cache_len or 320, compute_dtype=dtype, overwrite=args.overwrite)
-    console().print(f"[green]exported[/] prefill.mindir and decode.mindir (batch {record['batch']}, prefill "
-                    f"{record['prefill_len']}, cache {record['cache_len']}) -> {args.out_dir}", highlight=False)
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("generate", help="generate text with a converted model (KV cache) or its MindIR export")
+@arguments("generate")
+def _generate_arguments(p) -> None:
     p.add_argument("ms_dir", nargs="?", help="a converted MindSpore folder (with --mindir: checked to be its source)")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for a left-padded batch)")
     p.add_argument("--ids", action="append", metavar="IDS", help="a prompt as token ids, '1,2,3' (repeatable)")
@@ -93,24 +78,42 @@ def register(sub) -> None:
     p.add_argument("--compare-hf", metavar="HF_DIR",
                    help="run HF generate with the same settings; exit 1 if tokens or per-step logits differ")
     p.add_argument("--no-stream", action="store_true", help="print the text at the end, not as it comes")
-    p.set_defaults(func=_cmd_generate)
-
-    export = sub.choices["export"]
-    export.add_argument("--format", choices=["hf", "mindir"], default="hf",
-                        help="hf (default): the HF folder through the inverse keymap; mindir: prefill and decode "
-                             "graphs with the KV cache as inputs/outputs")
-    export.add_argument("--batch", type=int, help="mindir: static batch size (default 1)")
-    export.add_argument("--prefill-len", type=int, metavar="P", help="mindir: static prompt length (default 64)")
-    export.add_argument("--cache-len", type=int, metavar="L",
-                        help="mindir: cache slots, prompt + new tokens (default 320)")
-    export.add_argument("--dtype", choices=NAMES, help="mindir: compute dtype (default: model.yaml's)")
-    to_hf = export.get_default("func")
-    export.set_defaults(func=lambda args: _cmd_export_mindir(args) if args.format == "mindir" else _to_hf(args, to_hf))
 
 
-def _to_hf(args, to_hf) -> int:
+def mindir_options(p) -> None:
+    """`migrate export`'s --format switch and the MindIR export's options (`migrate.cli` declares export)."""
+    p.add_argument("--format", choices=["hf", "mindir"], default="hf",
+                   help="hf (default): the HF folder through the inverse keymap; mindir: prefill and decode "
+                        "graphs with the KV cache as inputs/outputs")
+    p.add_argument("--batch", type=int, help="mindir: static batch size (default 1)")
+    p.add_argument("--prefill-len", type=int, metavar="P", help="mindir: static prompt length (default 64)")
+    p.add_argument("--cache-len", type=int, metavar="L",
+                   help="mindir: cache slots, prompt + new tokens (default 320)")
+    p.add_argument("--dtype", choices=NAMES, help="mindir: compute dtype (default: model.yaml's)")
+
+
+def cmd_export_mindir(args) -> int:
+    """`migrate export --format mindir` (`migrate.cli`'s export hands it over)."""
+    from migrate.infer.mindir import export_mindir
+    from migrate.ui import console
+
+    if args.src or args.keymap:
+        raise MigrateError("--src and --keymap do not apply to --format mindir")
+    dtype = None
+    if args.dtype:
+        from migrate.dtype_names import PRECISIONS
+
+        dtype = PRECISIONS[args.dtype].compute
+    record = export_mindir(args.ms_dir, args.out_dir, batch=args.batch or 1, prefill_len=args.prefill_len or 64,
+                           cache_len=args.cache_len or 320, compute_dtype=dtype, overwrite=args.overwrite)
+    console().print(f"[green]exported[/] prefill.mindir and decode.mindir (batch {record['batch']}, prefill "
+                    f"{record['prefill_len']}, cache {record['cache_len']}) -> {args.out_dir}", highlight=False)
+    return 0
+
+
+def hf_only(args) -> None:
+    """`migrate export --format hf` (the default): refuse the options that shape a MindIR export."""
     given = [flag for flag, value in (("--dtype", args.dtype), ("--batch", args.batch),
                                       ("--prefill-len", args.prefill_len), ("--cache-len", args.cache_len)) if value]
     if given:
         raise MigrateError(f"{', '.join(given)} apply to --format mindir only")
-    return to_hf(args)

@@ -1,11 +1,17 @@
 """`migrate lora`: adapters between PEFT and the converted MindSpore model (export, import, merge).
 
 Argument parsing only; each subcommand calls one function of `migrate.lora.transfer`, imported
-inside its function as in `migrate.cli`. Registered into the main parser by `migrate.cli`.
+inside its function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli_verbs`).
 """
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, group, verb
 
+
+group("lora", "LoRA adapters: PEFT <-> MindSpore, merge into the base", dest="lora_command")
+
+
+@verb("lora export", "a LoRA run's adapter -> a PEFT folder PeftModel.from_pretrained loads")
 def _cmd_export(args) -> int:
     from migrate.lora.transfer import export_adapter
     from migrate.ui import console
@@ -16,6 +22,15 @@ def _cmd_export(args) -> int:
     return 0
 
 
+@arguments("lora export")
+def _lora_export_arguments(p) -> None:
+    p.add_argument("adapter", help="a LoRA run's checkpoint (RUN/checkpoints/latest), run folder or adapter folder")
+    p.add_argument("out", help="output PEFT folder")
+    p.add_argument("--model", help="the converted base (default: the one the adapter records)")
+    p.add_argument("--overwrite", action="store_true")
+
+
+@verb("lora import", "a PEFT adapter folder -> a MindSpore adapter on the converted model")
 def _cmd_import(args) -> int:
     from migrate.lora.transfer import import_adapter
     from migrate.ui import console
@@ -25,6 +40,15 @@ def _cmd_import(args) -> int:
     return 0
 
 
+@arguments("lora import")
+def _lora_import_arguments(p) -> None:
+    p.add_argument("peft_dir", help="folder with adapter_config.json and adapter_model.safetensors")
+    p.add_argument("out", help="output adapter folder (adapter.ckpt, lora.json)")
+    p.add_argument("--model", required=True, help="the converted base model folder")
+    p.add_argument("--overwrite", action="store_true")
+
+
+@verb("lora merge", "base + scaling·B·A -> a converted folder (HF through `migrate export`)")
 def _cmd_merge(args) -> int:
     from migrate.lora.transfer import merge_adapter
     from migrate.ui import console
@@ -34,26 +58,9 @@ def _cmd_merge(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    lora = sub.add_parser("lora", help="LoRA adapters: PEFT <-> MindSpore, merge into the base")
-    lora_sub = lora.add_subparsers(dest="lora_command", required=True)
-    p = lora_sub.add_parser("export", help="a LoRA run's adapter -> a PEFT folder PeftModel.from_pretrained loads")
-    p.add_argument("adapter", help="a LoRA run's checkpoint (RUN/checkpoints/latest), run folder or adapter folder")
-    p.add_argument("out", help="output PEFT folder")
-    p.add_argument("--model", help="the converted base (default: the one the adapter records)")
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_cmd_export)
-
-    p = lora_sub.add_parser("import", help="a PEFT adapter folder -> a MindSpore adapter on the converted model")
-    p.add_argument("peft_dir", help="folder with adapter_config.json and adapter_model.safetensors")
-    p.add_argument("out", help="output adapter folder (adapter.ckpt, lora.json)")
-    p.add_argument("--model", required=True, help="the converted base model folder")
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_cmd_import)
-
-    p = lora_sub.add_parser("merge", help="base + scaling·B·A -> a converted folder (HF through `migrate export`)")
+@arguments("lora merge")
+def _lora_merge_arguments(p) -> None:
     p.add_argument("adapter", help="a MindSpore adapter (folder, LoRA checkpoint, run folder) or a PEFT folder")
     p.add_argument("out", help="output model folder")
     p.add_argument("--model", help="the converted base (default: the one the adapter records; required for PEFT)")
     p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_cmd_merge)

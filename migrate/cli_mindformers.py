@@ -1,10 +1,11 @@
 """`migrate mindformers-config`: argument parsing only (see migrate.mindformers.run).
 
-Registered into the main parser by `migrate.cli`; `convert --mindformers-yaml` and
+Each verb is declared at its handler (`migrate.cli_verbs`); `convert --mindformers-yaml` and
 `hparams --mindformers` call the same library functions.
 """
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, verb
 from migrate.errors import MigrateError
 
 
@@ -27,6 +28,7 @@ def write_yaml(args, ms_dir, run_config=None) -> None:
     shown.print("  launch: " + run.launch.format(yaml=path), markup=False, highlight=False, soft_wrap=True)
 
 
+@verb("mindformers-config", "a MindSpore Transformers 2.0.0 run YAML for a converted folder (+ run.yaml's training)")
 def _cmd_mindformers_config(args) -> int:
     from migrate.train.config import RunConfig
 
@@ -45,6 +47,16 @@ def _cmd_mindformers_config(args) -> int:
     return 0
 
 
+@arguments("mindformers-config")
+def _mindformers_config_arguments(p) -> None:
+    p.add_argument("ms_dir", nargs="?", help="converted folder (default: run.yaml's ms_model)")
+    p.add_argument("--config", help="run.yaml: translate its training knobs (otherwise a predict YAML)")
+    p.add_argument("--out", help="the YAML file to write")
+    p.add_argument("--table", action="store_true", help="print the translation table (run.yaml knob -> MindFormers "
+                                                         "fields, what still differs, how it was verified) and exit")
+    add_yaml_options(p, standalone=True)
+
+
 def add_yaml_options(p, *, standalone: bool) -> None:
     """The YAML's options, shared by `mindformers-config` and `convert --mindformers-yaml`."""
     g = p.add_argument_group("MindFormers run YAML" if not standalone else "layout and device")
@@ -61,15 +73,3 @@ def add_yaml_options(p, *, standalone: bool) -> None:
     g.add_argument("--output-dir", help="MindFormers output_dir (default ./output)")
     g.add_argument("--yaml-overwrite" if not standalone else "--overwrite", dest="yaml_overwrite",
                    action="store_true", help="replace a YAML this command wrote before")
-
-
-def register(sub) -> None:
-    p = sub.add_parser("mindformers-config",
-                       help="a MindSpore Transformers 2.0.0 run YAML for a converted folder (+ run.yaml's training)")
-    p.add_argument("ms_dir", nargs="?", help="converted folder (default: run.yaml's ms_model)")
-    p.add_argument("--config", help="run.yaml: translate its training knobs (otherwise a predict YAML)")
-    p.add_argument("--out", help="the YAML file to write")
-    p.add_argument("--table", action="store_true", help="print the translation table (run.yaml knob -> MindFormers "
-                                                         "fields, what still differs, how it was verified) and exit")
-    add_yaml_options(p, standalone=True)
-    p.set_defaults(func=_cmd_mindformers_config)

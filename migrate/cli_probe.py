@@ -1,16 +1,19 @@
 """`migrate dump`, and `migrate diff` on any pair (dump folders, `module:factory`, a mapping
 file, statistics mode). Argument parsing only: `migrate.probe.dumping.dump` and
-`migrate.probe.diff_any.compare_any` do the work. Wired into `migrate.cli`'s parser."""
+`migrate.probe.diff_any.compare_any` do the work. Verbs declared at their handlers (`migrate.cli_verbs`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from migrate.cli_verbs import arguments, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 
 _RUNNER_ONLY = ("inject", "grads", "generate", "adapter", "text")
 
 
+@verb("dump", "run one side (HF folder, converted folder or module:factory) and write "
+              "every module's outputs to a dump folder")
 def _cmd_dump(args) -> int:
     from migrate.probe.dumping import dump
     from migrate.ui import console
@@ -25,9 +28,8 @@ def _cmd_dump(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("dump", help="run one side (HF folder, converted folder or module:factory) and write "
-                                    "every module's outputs to a dump folder")
+@arguments("dump")
+def _dump_arguments(p) -> None:
     p.add_argument("side", help="an HF folder, a converted folder, or module:factory / file.py:factory "
                                 "(your code; factory() returns a torch.nn.Module or a MindSpore nn.Cell)")
     p.add_argument("out", help="the dump folder to write")
@@ -50,7 +52,6 @@ def register(sub) -> None:
     p.add_argument("--reference", choices=["fp64", "none"], default="fp64",
                    help="fp64 (default): a torch side also runs in float64 and each record keeps its own error "
                         "against it, the noise reference migrate diff judges with; none: skip it")
-    p.set_defaults(func=_cmd_dump)
 
 
 def add_diff_options(p) -> None:

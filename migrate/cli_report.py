@@ -1,8 +1,12 @@
-"""`migrate report RUN`: argument parsing only (see `migrate.train.run_report`). Registered into
-the main parser by `migrate.cli`."""
+"""`migrate report RUN`: argument parsing only (see `migrate.train.run_report`). The verb is declared
+at its handler (`migrate.cli_verbs`)."""
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, verb
 
+
+@verb("report", "one self-contained HTML page for a training run: curves, step time, "
+                "health events, effective hyperparameters")
 def _cmd_report(args) -> int:
     from migrate.train.run_report import write_report
     from migrate.ui import console
@@ -12,12 +16,10 @@ def _cmd_report(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page for a training run: curves, step time, "
-                                      "health events, effective hyperparameters")
+@arguments("report")
+def _report_arguments(p) -> None:
     p.add_argument("run", help="a run folder (metrics.jsonl, effective_hparams.json, health.jsonl)")
     p.add_argument("--golden", metavar="RUN", help="the golden run: its curves beside, and migrate compare's verdict")
     p.add_argument("--noise", metavar="RUN", help="a second golden run (another data seed): the noise band")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="compare's tolerances (default: the run's)")
     p.add_argument("-o", "--output", metavar="FILE", help="the HTML file (default: RUN/report.html)")
-    p.set_defaults(func=_cmd_report)

@@ -1,14 +1,18 @@
 """Subcommands of the training side: data, train, ckpt, hparams, compare.
 
 Argument parsing only; each calls one library function, imported inside its
-function as in `migrate.cli`. Registered into the main parser by `migrate.cli`.
+function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli_verbs`).
 """
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, group, trust_argument, verb
 from migrate.errors import MigrateError
-from migrate.models.registry import TrustModelClassAction
 
 
+group("data", "prepare training data", dest="data_command")
+
+
+@verb("data tokenize", "text files -> MindRecord + .npy twin for the golden script")
 def _cmd_data_tokenize(args) -> int:
     from migrate.checkpoints.output_guard import check_output
     from migrate.data.tokenize import tokenize_corpus
@@ -24,8 +28,19 @@ def _cmd_data_tokenize(args) -> int:
     return 0
 
 
+@arguments("data tokenize")
+def _data_tokenize_arguments(p) -> None:
+    p.add_argument("files", nargs="+", help="text files (one document each)")
+    p.add_argument("--tokenizer", required=True, help="HF folder holding the tokenizer")
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--out", required=True, help="output data folder")
+    p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
+    p.add_argument("--overwrite", action="store_true")
+
+
+@verb("compare", "loss / lr / grad-norm of two training runs; exit 1 on drift")
 def _cmd_compare(args) -> int:
-    from migrate.train.compare import compare_runs, print_summary, write_json, write_plot
+    from migrate.compare import compare_runs, print_summary, write_json, write_plot
     from migrate.ui import console
 
     result = compare_runs(
@@ -43,6 +58,31 @@ def _cmd_compare(args) -> int:
     return result.exit_code
 
 
+@arguments("compare")
+def _compare_arguments(p) -> None:
+    p.add_argument("golden", help="golden metrics.jsonl or run folder; or HF Trainer trainer_state.json, a Megatron-LM "
+                                  "or MindSpore Transformers log, TensorBoard event files (format detected)")
+    p.add_argument("ms", help="MindSpore metrics.jsonl or run folder (or any format the golden takes)")
+    p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
+    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
+    p.add_argument("--plot", help="write a PNG of the curves and their difference")
+    p.add_argument("--json", help="write the comparison as JSON")
+    p.add_argument("--allow-prefix", action="store_true", help="accept a run that stopped early")
+    p.add_argument("--tol-first", type=float, help="first-step loss relative difference bound")
+    p.add_argument("--tol-mean", type=float, help="mean relative loss difference bound")
+    p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
+    p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
+    p.add_argument("--tol-clip", type=float, help="mean signed post-clip grad-norm relative difference bound")
+    p.add_argument("--tol-drift", type=float,
+                   help="fp32: how far (x the first steps' level) the loss rel diff may stay on one side (default 10)")
+    p.add_argument("--hparams", nargs=2, metavar=("GOLDEN", "MS"),
+                   help="the two runs' effective_hparams.json (default: the files beside each metrics.jsonl)")
+
+
+group("keymap", "work with keymaps", dest="keymap_command")
+
+
+@verb("keymap check", "report what a keymap leaves unmapped on each side, moving no data")
 def _cmd_keymap_check(args) -> int:
     from migrate.keymap_check import check_keymap
     from migrate.ui import console
@@ -67,6 +107,16 @@ def _cmd_keymap_check(args) -> int:
     return 0 if result.complete else 1
 
 
+@arguments("keymap check")
+def _keymap_check_arguments(p) -> None:
+    p.add_argument("keymap", help="a keymap YAML file (or a bundled family name)")
+    p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
+    p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
+    p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
+    trust_argument(p)
+
+
+@verb("train", "continue pretraining the converted model on MindSpore")
 def _cmd_train(args) -> int:
     from migrate.train.cluster import Cluster
     from migrate.train.config import RunConfig
@@ -85,81 +135,8 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _cmd_ckpt_merge(args) -> int:
-    from migrate.train.ckpt import merge_checkpoint
-    from migrate.ui import console
-
-    out = merge_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
-    console().print(f"[green]merged[/] {args.checkpoint} -> {out} (one single-process checkpoint)")
-    return 0
-
-
-def _cmd_hparams(args) -> int:
-    from migrate.train.config import RunConfig
-    from migrate.train.hparams import format_report, hparams_report
-    from migrate.ui import console
-
-    if args.mindformers:  # the MindFormers YAML as the second side
-        from migrate.mindformers.hparams import format_mf_report, mf_hparams_report
-
-        report = mf_hparams_report(RunConfig.load(args.config), args.mindformers)
-        console().print(format_mf_report(report), markup=False, highlight=False)
-        return report.exit_status
-    report = hparams_report(RunConfig.load(args.config))
-    console().print(format_report(report), markup=False, highlight=False)
-    return report.exit_status
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """'64GB', '80GiB', '1.5TB' -> bytes. Device memory is quoted in GB by vendors but
-    means GiB in practice; GB here is taken literally (10**9) -- pass GiB if you mean it."""
-    import re
-
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise MigrateError(f"not a memory size: {text!r} (try 64GB or 80GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
-def _cmd_plan(args) -> int:
-    from migrate.hf_model_config import hf_folder, model_config_from_hf
-    from migrate.models.config import LlamaConfig
-    from migrate.plan import plan, print_plan
-    from migrate.ui import console
-
-    # an HF folder (or its config.json): the config convert would write, no weights read
-    config = model_config_from_hf(args.model)[1] if hf_folder(args.model) else LlamaConfig.load(args.model)
-    estimate, lora_table = None, None
-    if args.lora_rank is not None:  # a LoRA run: frozen base, adapters only trained (migrate.lora.memory)
-        from migrate.lora.memory import lora_planning
-
-        estimate, lora_table = lora_planning(args.model, config, args.lora_rank, args.lora_targets, args.seq_length,
-                                             args.dtype)
-    result = plan(config, args.devices, parse_size(args.device_memory), args.seq_length,
-                  args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard, estimate=estimate)
-    print_plan(result, console(), max_rows=args.top)
-    if lora_table is not None:
-        console().print(lora_table)
-    return 0 if result.valid else 1
-
-
-def register(sub) -> None:
-    data = sub.add_parser("data", help="prepare training data")
-    data_sub = data.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("tokenize", help="text files -> MindRecord + .npy twin for the golden script")
-    p.add_argument("files", nargs="+", help="text files (one document each)")
-    p.add_argument("--tokenizer", required=True, help="HF folder holding the tokenizer")
-    p.add_argument("--seq-length", type=int, required=True)
-    p.add_argument("--out", required=True, help="output data folder")
-    p.add_argument("--add-bos", action="store_true", help="prefix every document with BOS")
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_cmd_data_tokenize)
-
-    p = sub.add_parser("train", help="continue pretraining the converted model on MindSpore")
+@arguments("train")
+def _train_arguments(p) -> None:
     p.add_argument("--config", required=True, help="run.yaml (shared with golden/train_torch.py)")
     p.add_argument("--resume", help="a checkpoint folder, or a run folder (resumes from its latest)")
     p.add_argument("--out", help="run folder (default: the config's out_dir.ms)")
@@ -180,24 +157,93 @@ def register(sub) -> None:
     g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
     g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
     g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    p.set_defaults(func=_cmd_train)
+    trust_argument(p)
 
-    ck = sub.add_parser("ckpt", help="work with training checkpoints")
-    ck_sub = ck.add_subparsers(dest="ckpt_command", required=True)
-    p = ck_sub.add_parser("merge", help="one single-process checkpoint from a multi-process one")
+
+group("ckpt", "work with training checkpoints", dest="ckpt_command")
+
+
+@verb("ckpt merge", "one single-process checkpoint from a multi-process one")
+def _cmd_ckpt_merge(args) -> int:
+    from migrate.train.ckpt import merge_checkpoint
+    from migrate.ui import console
+
+    out = merge_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+    console().print(f"[green]merged[/] {args.checkpoint} -> {out} (one single-process checkpoint)")
+    return 0
+
+
+@arguments("ckpt merge")
+def _ckpt_merge_arguments(p) -> None:
     p.add_argument("checkpoint", help="a checkpoint folder, or a run folder (its latest checkpoint)")
     p.add_argument("out", help="output checkpoint folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (atomically)")
-    p.set_defaults(func=_cmd_ckpt_merge)
 
-    p = sub.add_parser("hparams", help="both sides' effective hyperparameters; exit 1 on any difference")
+
+@verb("hparams", "both sides' effective hyperparameters; exit 1 on any difference")
+def _cmd_hparams(args) -> int:
+    from migrate.train.config import RunConfig
+    from migrate.train.hparams import format_report, hparams_report
+    from migrate.ui import console
+
+    if args.mindformers:  # the MindFormers YAML as the second side
+        from migrate.mindformers.hparams_vs_golden import format_mf_report, mf_hparams_report
+
+        report = mf_hparams_report(RunConfig.load(args.config), args.mindformers)
+        console().print(format_mf_report(report), markup=False, highlight=False)
+        return report.exit_status
+    report = hparams_report(RunConfig.load(args.config))
+    console().print(format_report(report), markup=False, highlight=False)
+    return report.exit_status
+
+
+@arguments("hparams")
+def _hparams_arguments(p) -> None:
     p.add_argument("config", help="run.yaml")
     p.add_argument("--mindformers", metavar="MF_YAML",
                    help="compare the golden with what MindSpore Transformers 2.0.0 does with this run YAML")
-    p.set_defaults(func=_cmd_hparams)
 
-    p = sub.add_parser("plan", help="per-device memory estimate and a ranked list of parallel layouts that fit")
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'64GB', '80GiB', '1.5TB' -> bytes. Device memory is quoted in GB by vendors but
+    means GiB in practice; GB here is taken literally (10**9) -- pass GiB if you mean it."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise MigrateError(f"not a memory size: {text!r} (try 64GB or 80GiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@verb("plan", "per-device memory estimate and a ranked list of parallel layouts that fit")
+def _cmd_plan(args) -> int:
+    from migrate.hf_model_config import hf_folder, model_config_from_hf
+    from migrate.models.config import LlamaConfig
+    from migrate.memory_plan import plan, print_plan
+    from migrate.ui import console
+
+    # an HF folder (or its config.json): the config convert would write, no weights read
+    config = model_config_from_hf(args.model)[1] if hf_folder(args.model) else LlamaConfig.load(args.model)
+    estimate, lora_table = None, None
+    if args.lora_rank is not None:  # a LoRA run: frozen base, adapters only trained (migrate.lora.memory)
+        from migrate.lora.memory import lora_planning
+
+        estimate, lora_table = lora_planning(args.model, config, args.lora_rank, args.lora_targets, args.seq_length,
+                                             args.dtype)
+    result = plan(config, args.devices, parse_size(args.device_memory), args.seq_length,
+                  args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard, estimate=estimate)
+    print_plan(result, console(), max_rows=args.top)
+    if lora_table is not None:
+        console().print(lora_table)
+    return 0 if result.valid else 1
+
+
+@arguments("plan")
+def _plan_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="a converted MindSpore folder or its model.yaml; or an HF folder or its config.json")
     p.add_argument("--devices", type=int, required=True)
@@ -209,35 +255,3 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=20, help="layouts to list")
     p.add_argument("--lora-rank", type=int, help="plan a LoRA run of this rank (base frozen), beside full training")
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="LoRA target modules: q_proj,v_proj or all-linear")
-    p.set_defaults(func=_cmd_plan)
-
-    km = sub.add_parser("keymap", help="work with keymaps")
-    km_sub = km.add_subparsers(dest="keymap_command", required=True)
-    p = km_sub.add_parser("check", help="report what a keymap leaves unmapped on each side, moving no data")
-    p.add_argument("keymap", help="a keymap YAML file (or a bundled family name)")
-    p.add_argument("--hf", required=True, help="an HF model folder the keymap should convert")
-    p.add_argument("--ms-model", help="module:Class of the MindSpore model (default: the keymap's target)")
-    p.add_argument("--target", help="an entry of the keymap's `targets` (e.g. qkv_concat, mcore)")
-    p.add_argument("--trust-model-class", action=TrustModelClassAction)
-    p.set_defaults(func=_cmd_keymap_check)
-
-    p = sub.add_parser("compare", help="loss / lr / grad-norm of two training runs; exit 1 on drift")
-    p.add_argument("golden", help="golden metrics.jsonl or run folder; or HF Trainer trainer_state.json, a Megatron-LM "
-                                  "or MindSpore Transformers log, TensorBoard event files (format detected)")
-    p.add_argument("ms", help="MindSpore metrics.jsonl or run folder (or any format the golden takes)")
-    p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
-    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
-    p.add_argument("--plot", help="write a PNG of the curves and their difference")
-    p.add_argument("--json", help="write the comparison as JSON")
-    p.add_argument("--allow-prefix", action="store_true", help="accept a run that stopped early")
-    p.add_argument("--tol-first", type=float, help="first-step loss relative difference bound")
-    p.add_argument("--tol-mean", type=float, help="mean relative loss difference bound")
-    p.add_argument("--tol-max", type=float, help="max relative loss difference bound")
-    p.add_argument("--tol-lr", type=float, help="lr relative difference bound")
-    p.add_argument("--tol-clip", type=float, help="mean signed post-clip grad-norm relative difference bound")
-    p.add_argument("--tol-drift", type=float,
-                   help="fp32: how far (x the first steps' level) the loss rel diff may stay on one side (default 10)")
-    p.add_argument("--hparams", nargs=2, metavar=("GOLDEN", "MS"),
-                   help="the two runs' effective_hparams.json (default: the files beside each metrics.jsonl)")
-    p.set_defaults(func=_cmd_compare)
-

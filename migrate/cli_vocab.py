@@ -1,13 +1,20 @@
 """`migrate vocab check` and `migrate vocab resize`: argument parsing and printing only.
 
-Registered into the main parser by `migrate.cli`; each subcommand imports its library inside
+Each verb is declared at its handler (`migrate.cli_verbs`); each subcommand imports its library inside
 its function, as in `migrate.cli`.
 """
 from __future__ import annotations
 
+from migrate.cli_verbs import arguments, group, verb
+
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "info": "dim"}
 
 
+group("vocab", "vocabulary: tokenizer vs config vs embedding; resize the embedding", dest="vocab_command")
+
+
+@verb("vocab check", "tokenizer, configs, embedding rows and special ids agree "
+                     "(and the tokenized data fits); exit 1 on errors, 0 on warnings only")
 def _cmd_check(args) -> int:
     from migrate.vocab.check import vocab_check
     from migrate.vocab.data_checks import DataLimits
@@ -38,6 +45,22 @@ def _cmd_check(args) -> int:
     return report.exit_code
 
 
+@arguments("vocab check")
+def _vocab_check_arguments(p) -> None:
+    p.add_argument("hf_dir", help="the HF model folder")
+    p.add_argument("ms_dir", nargs="?", help="its converted MindSpore folder")
+    p.add_argument("--data", metavar="DIR", help="a `migrate data tokenize` output folder to check too")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: HF_DIR's, else MS_DIR's)")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--max-unk-share", type=float, default=0.01, help="warn above this share of unknown tokens")
+    p.add_argument("--max-token-share", type=float, default=0.2, help="warn when one token is above this share")
+    p.add_argument("--max-duplicate-share", type=float, default=0.01, help="warn above this share of repeated rows")
+    p.add_argument("--mono-row-share", type=float, default=0.5,
+                   help="a row is 'mostly one token' when one id fills more than this share of it")
+
+
+@verb("vocab resize", "grow or pad the embedding and lm_head of a converted model "
+                      "(and of its HF source with --hf, so diff still pairs)")
 def _cmd_resize(args) -> int:
     from migrate.ui import console
     from migrate.vocab.resize import resize_vocab
@@ -50,25 +73,8 @@ def _cmd_resize(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    vocab = sub.add_parser("vocab", help="vocabulary: tokenizer vs config vs embedding; resize the embedding")
-    vocab_sub = vocab.add_subparsers(dest="vocab_command", required=True)
-    p = vocab_sub.add_parser("check", help="tokenizer, configs, embedding rows and special ids agree "
-                                           "(and the tokenized data fits); exit 1 on errors, 0 on warnings only")
-    p.add_argument("hf_dir", help="the HF model folder")
-    p.add_argument("ms_dir", nargs="?", help="its converted MindSpore folder")
-    p.add_argument("--data", metavar="DIR", help="a `migrate data tokenize` output folder to check too")
-    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: HF_DIR's, else MS_DIR's)")
-    p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.add_argument("--max-unk-share", type=float, default=0.01, help="warn above this share of unknown tokens")
-    p.add_argument("--max-token-share", type=float, default=0.2, help="warn when one token is above this share")
-    p.add_argument("--max-duplicate-share", type=float, default=0.01, help="warn above this share of repeated rows")
-    p.add_argument("--mono-row-share", type=float, default=0.5,
-                   help="a row is 'mostly one token' when one id fills more than this share of it")
-    p.set_defaults(func=_cmd_check)
-
-    p = vocab_sub.add_parser("resize", help="grow or pad the embedding and lm_head of a converted model "
-                                            "(and of its HF source with --hf, so diff still pairs)")
+@arguments("vocab resize")
+def _vocab_resize_arguments(p) -> None:
     p.add_argument("ms_dir", help="a converted MindSpore folder")
     p.add_argument("out_dir", help="output folder (never in place)")
     size = p.add_mutually_exclusive_group(required=True)
@@ -82,4 +88,3 @@ def register(sub) -> None:
     p.add_argument("--hf", nargs=2, metavar=("HF_DIR", "HF_OUT"),
                    help="resize the HF source too, with the same new rows, into HF_OUT")
     p.add_argument("--overwrite", action="store_true", help="replace an output folder migrate wrote")
-    p.set_defaults(func=_cmd_resize)

@@ -72,6 +72,7 @@ def convert(
     crc: bool = False,
     hash_sources: bool = False,
     target: str | None = None,
+    trust: bool = False,
 ) -> ConversionResult:
     """Convert; `max_shard_size` (bytes or "1.9GB"-style) defaults to 1.9GB for .ckpt
     and to one file for safetensors; `crc` appends MindSpore's CRC32 trailer to each
@@ -80,7 +81,8 @@ def convert(
     (otherwise their names and sizes): hashing runs beside the copy, but at about
     0.9 CPU-seconds per GB it costs more than the copy itself, so it is opt-in.
     `target` names an entry of the keymap's `targets` (another MindSpore layout of the
-    same model, e.g. "qkv_concat" or "mcore"); None converts to the keymap's own layout."""
+    same model, e.g. "qkv_concat" or "mcore"); None converts to the keymap's own layout. `trust`:
+    import a model class migrate does not bundle (the keymap's `target`; `--trust-model-class`)."""
     started = time.perf_counter()
     src, out = Path(src_dir), Path(out_dir)
     if fmt not in FORMATS:
@@ -109,14 +111,14 @@ def convert(
     ckpt = open_hf_checkpoint(src).add_prefix_if_absent(km.base_prefix)  # a base-model-only file: full names
     try:
         return _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc,
-                        hash_sources, started)
+                        hash_sources, started, trust)
     finally:
         ckpt.close()
 
 
 def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc, hash_sources,
-             started):
-    plan = ConversionPlan.for_source(km, ms_fields)  # the target model's config, the rows, the names
+             started, trust=False):
+    plan = ConversionPlan.for_source(km, ms_fields, trust=trust)  # the target model's config, the rows, the names
     out_dtype = _choose_dtype(ckpt, dtype, plan.ignored)
     plan.set_compute_dtype(COMPUTE_DTYPE[out_dtype])
     config, fields = plan.config, plan.fields

@@ -79,6 +79,7 @@ def prove(name: str, seed: int) -> dict:
 
 
 def main() -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # an entry point: local folders only, never the hub
     from rich.table import Table
 
     from migrate.ui import console

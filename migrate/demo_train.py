@@ -61,7 +61,7 @@ def prepare_run(root: Path, tokenizer: Path, files, model: dict, seq_length: int
 
 
 def run(root: Path, console) -> bool:
-    from migrate.train.compare import compare_runs, print_summary, write_plot
+    from migrate.compare import compare_runs, print_summary, write_plot
     from migrate.train.config import RunConfig
     from migrate.train.hparams import load_golden
     from migrate.train.trainer import train

@@ -38,9 +38,10 @@ class ExportResult:
 
 
 def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, overwrite: bool = False,
-           on_tensor=None, checkpoint: str | Path | None = None) -> ExportResult:
+           on_tensor=None, checkpoint: str | Path | None = None, trust: bool = False) -> ExportResult:
     """`checkpoint`: another checkpoint file of the same model (one MindFormers trained) to export
-    instead of the folder's own; its optimizer and training state are skipped."""
+    instead of the folder's own; its optimizer and training state are skipped. `trust`: import the
+    folder's model class even if migrate does not bundle it (`--trust-model-class`)."""
     started = time.perf_counter()
     ms_dir, out = Path(ms_dir), Path(out_dir)
     if not ms_dir.is_dir():
@@ -53,9 +54,9 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
     # Fail before any heavy work; checked again, with every file read, when the output is created.
     keymap_file = keymap if str(keymap).endswith((".yaml", ".yml")) else None
     check_output(out, overwrite=overwrite, source=ms_dir, inputs=(keymap_file, checkpoint))
-    config = load_model_config(ms_dir)
+    config = load_model_config(ms_dir, trust)
     ms_fields = config.to_dict()
-    plan = ConversionPlan(resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields), config)
+    plan = ConversionPlan(resolve(keymap or recorded_keymap(ms_dir)).for_model(ms_fields), config, trust)
     km = plan.keymap
     ckpt = open_ms_checkpoint(checkpoint or ms_dir)
     # A checkpoint MindFormers trained also holds adam_m.*, adam_v.*, global_step, ...: not weights.

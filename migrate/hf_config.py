@@ -2,18 +2,17 @@
 
 Going through `AutoConfig` normalises old spellings (`rope_theta` +
 `rope_scaling` become `rope_parameters`), so one keymap serves configs written
-by any transformers version.
+by any transformers version. Every load is local (``local_files_only=True``); the entry points
+(`migrate.cli`, the demos) also set HF_HUB_OFFLINE for the libraries they call, nothing at import.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from migrate.errors import MigrateError
 from migrate.safeyaml import clip, quote
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
 
 
 def read_raw_config(folder: Path) -> dict:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,20 @@ from migrate.safeyaml import clip, load_yaml, quote
 from migrate.transforms import get_layout
 
 # The bundled keymaps: keymaps/ of the checkout, installed as the package data migrate.keymaps.
-KEYMAP_DIR = Path(os.environ.get("MIGRATE_KEYMAPS") or str(importlib.resources.files("migrate.keymaps")))
+KEYMAP_DIR = Path(str(importlib.resources.files("migrate.keymaps")))
+_chosen: Path | None = None  # the folder an entry point chose instead (`use_keymap_dir`)
+
+
+def use_keymap_dir(folder: str | Path | None) -> None:
+    """Look keymap names up in ``folder`` instead of the bundled keymaps (None: the bundled ones).
+    An entry point's choice: `migrate` passes MIGRATE_KEYMAPS; nothing reads the environment here."""
+    global _chosen
+    _chosen = Path(folder) if folder else None
+
+
+def keymap_dir(folder: str | Path | None = None) -> Path:
+    """Where keymap names are looked up: ``folder``, else the entry point's choice, else the bundled one."""
+    return Path(folder) if folder else (_chosen or KEYMAP_DIR)
 # The model.yaml fields through which a converted folder names what it was converted to
 # (`Keymap.for_model`): the bundled model class, and the keymap target its checkpoint is written for.
 MODEL_CLASS_FIELD = "model_class"
@@ -102,7 +114,7 @@ class Keymap:
     def load(cls, name_or_path: str) -> "Keymap":
         path = Path(name_or_path)
         if path.suffix not in (".yaml", ".yml"):
-            path = KEYMAP_DIR / f"{name_or_path}.yaml"
+            path = keymap_dir() / f"{name_or_path}.yaml"
         if not path.is_file():
             raise MigrateError(f"unknown keymap {quote(name_or_path)}; known: {', '.join(available())}")
         try:
@@ -403,7 +415,7 @@ def _base_path(name: Any, path: Path) -> Path:
         raise ValueError(f"`extends` must name a keymap (a bundled one such as hf_llama, or a file beside "
                          f"this one, without a path), got {quote(name)}")
     stem = name[: -len(Path(name).suffix)] if Path(name).suffix in (".yaml", ".yml") else name
-    folders = list(dict.fromkeys([KEYMAP_DIR.resolve(), path.resolve().parent]))
+    folders = list(dict.fromkeys([keymap_dir().resolve(), path.resolve().parent]))
     for folder in folders:
         candidate = folder / f"{stem}.yaml"
         if not candidate.is_file():
@@ -421,8 +433,9 @@ def _expand(template: str, layers: int) -> list[str]:
     return [template.replace("{layer}", str(i)) for i in range(layers)]
 
 
-def available() -> list[str]:
-    return sorted(p.stem for p in KEYMAP_DIR.glob("*.yaml"))
+def available(folder: str | Path | None = None) -> list[str]:
+    """The keymap names of ``folder`` (default: `keymap_dir()`)."""
+    return sorted(p.stem for p in keymap_dir(folder).glob("*.yaml"))
 
 
 def bundled_targets() -> set[str]:
@@ -439,7 +452,7 @@ def registry(extra: str | Path | None = None) -> dict[str, Keymap]:
     """Every bundled keymap by family name, plus a user's keymap file. A family
     name claimed twice is refused, naming both files -- never silently shadowed."""
     found: dict[str, Keymap] = {}
-    paths = sorted(KEYMAP_DIR.glob("*.yaml"))
+    paths = sorted(keymap_dir().glob("*.yaml"))
     if extra is not None:
         paths.append(Path(extra))
     for path in paths:

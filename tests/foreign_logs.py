@@ -1,6 +1,6 @@
 """Writers of the field's training logs from a metrics.jsonl run, in each producer's own format.
 
-The formats follow the producers' sources (quoted in migrate/train/compare/foreign_text.py and
+The formats follow the producers' sources (quoted in migrate/compare/foreign_text.py and
 log_formats.py); where the producer's own code can write the file, it does: HF's
 ``TrainerState.save_to_json`` and ``TensorBoardCallback.on_log``, TensorBoard's ``SummaryWriter``.
 """

@@ -24,20 +24,21 @@ LAYERS = [
                             "migrate.models.registry", "migrate.models.shapes", "migrate.models.support",
                             "migrate.models.rope", "migrate.models.anatomy", "migrate.lora"]),
     ("conversion", ["migrate.convert", "migrate.export", "migrate.inspect_ckpt", "migrate.keymap_check",
-                    "migrate.plan", "migrate.lora.transfer", "migrate.lora.memory", "migrate.vocab",
+                    "migrate.memory_plan", "migrate.lora.transfer", "migrate.lora.memory", "migrate.vocab",
                     "migrate.hf_model_config"]),
     ("MindSpore models", ["migrate.models", "migrate.lora.cells"]),  # lora.cells: the adapter as MindSpore cells
-    ("judge", ["migrate.judge"]),
+    ("judge", ["migrate.judge", "migrate.compare"]),  # compare: the curve judge for `migrate compare`
     ("tools", ["migrate.align", "migrate.parallel", "migrate.train", "migrate.mindformers", "migrate.probe",
                "migrate.infer"]),
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the
     # planner runs in a clean interpreter (its lazy imports are what it measures).
-    ("entry points", ["migrate.cli", "migrate.cli_train", "migrate.cli_lora", "migrate.cli_mindformers",
+    ("entry points", ["migrate.cli", "migrate.cli_verbs", "migrate.cli_train", "migrate.cli_lora",
+                      "migrate.cli_mindformers",
                       "migrate.cli_infer",
                       "migrate.cli_probe",
                       "migrate.cli_health", "migrate.cli_vocab", "migrate.cli_report",
                       "migrate.demo", "migrate.demo_train",
-                      "migrate.__main__", "migrate.train.worker", "migrate.plan_measure"]),
+                      "migrate.__main__", "migrate.train.worker", "migrate.memory_plan_measure"]),
 ]
 ENTRY = "entry points"  # the command line loads only what the chosen command needs
 HEAVY = {"mindspore", "torch", "transformers", "matplotlib", "peft", "tokenizers"}

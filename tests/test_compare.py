@@ -1,4 +1,4 @@
-"""migrate.train.compare on synthetic metrics.jsonl files shaped like golden/train_torch.py's."""
+"""migrate.compare on synthetic metrics.jsonl files shaped like golden/train_torch.py's."""
 import json
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from migrate.errors import MigrateError
-from migrate.train import compare as cmp
-from migrate.train.compare import Tolerances, compare_runs, print_summary, write_json, write_plot
+from migrate import compare as cmp
+from migrate.compare import Tolerances, compare_runs, print_summary, write_json, write_plot
 
 STEPS = 100
 WARMUP = 10

@@ -24,7 +24,7 @@ from migrate.cli import main
 from migrate.convert import convert
 from migrate.data.tokenize import tokenize_corpus
 from migrate.demo_train import MODEL as DEMO_MODEL
-from migrate.train.compare import compare_runs
+from migrate.compare import compare_runs
 from migrate.train.config import RunConfig
 from migrate.train.trainer import train
 

@@ -14,9 +14,9 @@ import pytest
 from train_setup import load_golden, make_run_dir
 
 from migrate.cli import main
-from migrate.train.compare import compare_runs, render_plot
+from migrate.compare import compare_runs, render_plot
 from migrate.train.config import RunConfig
-from migrate.train.hparams_check import KNOBS
+from migrate.compare.effective_hparams import KNOBS
 from migrate.train.trainer import train
 
 golden = load_golden()

@@ -11,9 +11,9 @@ from test_compare import golden_curve, write_log
 
 from migrate.cli import main
 from migrate.errors import MigrateError
-from migrate.train.compare import compare_runs
-from migrate.train.compare.log_formats import printed_resolution
-from migrate.train.compare.readers import detect_format, read_run
+from migrate.compare import compare_runs
+from migrate.compare.log_formats import printed_resolution
+from migrate.compare.readers import detect_format, read_run
 
 N = 40
 
@@ -155,3 +155,38 @@ def test_unknown_formats_are_refused_in_one_line(tmp_path, capsys):
     tb = write_tensorboard(rows, tmp_path / "other_tb", {"loss": "my/loss", "lr": "my/lr", "grad_norm": "my/g"})
     with pytest.raises(MigrateError, match=r"unknown producer \(tags: my/g, my/loss, my/lr\)"):
         compare_runs(tb, ms)
+
+
+def test_a_format_is_one_declaration_beside_its_reader(tmp_path, monkeypatch):
+    """docs/DESIGN.md "Registration": nanoGPT's train.py log, declared once; detection, reading and
+    the refusal's list follow from the declaration alone."""
+    import re
+
+    from migrate.compare import log_formats, readers
+    from migrate.compare.foreign_run import Rows, number
+    from migrate.compare.log_formats import LogFormat, log_format
+
+    monkeypatch.setattr(log_formats, "FORMATS", dict(log_formats.FORMATS))   # undone after the test
+    monkeypatch.setattr(readers, "FORMATS", log_formats.FORMATS)
+    line = re.compile(r"^iter (\d+): loss ([^,]+), time")
+
+    @log_format(LogFormat(
+        "nanogpt", "nanoGPT train.py log", "nanoGPT/train.py: print(f'iter {iter_num}: loss {lossf:.4f}, ...')",
+        {"step": "iter + 1", "loss": "loss"}, loss_averaged=False, torch_clip=True, printed={"loss": "fixed"},
+        sniff=lambda s: s.has_line(line), rank=45, known="nanoGPT iter lines"))
+    def read_nanogpt(path, role):
+        rows = Rows(path, "nanogpt")
+        for lineno, text in enumerate(path.read_text().splitlines(), 1):
+            if m := line.match(text):
+                rows.add(int(m[1]) + 1, lineno, {"loss": number(m[2], f"{path}:{lineno}", "loss")},
+                         {"loss": printed_resolution(m[2])})
+        return rows.run(role, averaged=False)
+
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"iter {i}: loss {4 - 0.1 * i:.4f}, time 12.34ms, mfu 1.00%\n" for i in range(5)))
+    assert detect_format(log) == ("nanogpt", log)
+    run = read_run(log)
+    assert run.format == "nanogpt" and list(run.steps) == [1, 2, 3, 4, 5] and run.loss[0] == 4.0
+    (tmp_path / "notes.txt").write_text("epoch 1 loss 2.3\n")
+    with pytest.raises(MigrateError, match="nanoGPT iter lines"):
+        detect_format(tmp_path / "notes.txt")

@@ -27,8 +27,8 @@ from migrate.cli import main
 from migrate.convert import convert
 from migrate.data.samples import load_samples, run_order
 from migrate.errors import MigrateError
-from migrate.train.compare import compare_runs
-from migrate.train.compare.reference import DEPTH_UNIT, REFERENCE_FIELDS
+from migrate.compare import compare_runs
+from migrate.compare.reference import DEPTH_UNIT, REFERENCE_FIELDS
 from migrate.train.config import RunConfig
 from migrate.train.hparams import hparams_report
 from migrate.train.trainer import train

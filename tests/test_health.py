@@ -19,7 +19,7 @@ from migrate.cli import main as cli_main
 from migrate.data.samples import load_samples, run_order
 from migrate.data.tokenize import write_mindrecord
 from migrate.errors import MigrateError
-from migrate.train.compare import compare_runs
+from migrate.compare import compare_runs
 from migrate.train.config import HealthConfig, LossScaleConfig, RunConfig, ScheduleConfig
 from migrate.train.health import HealthWatch, StepFacts
 from migrate.train.health_log import HealthStop

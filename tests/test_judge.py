@@ -32,9 +32,9 @@ def test_one_vocabulary_of_precisions():
 
 def test_other_dtype_tables_read_the_vocabulary():
     from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, short_name
-    from migrate.plan import DTYPE_BYTES
-    from migrate.train.compare import Tolerances
-    from migrate.train.hparams_check import _dtype
+    from migrate.memory_plan import DTYPE_BYTES
+    from migrate.compare import Tolerances
+    from migrate.compare.effective_hparams import _dtype
 
     assert DTYPE_BYTES == {s: PRECISIONS[n].bytes for s, n in SPELLINGS.items()}
     assert {short_name(dt): COMPUTE_DTYPE[dt] for dt in CLI_DTYPES.values()} == {
@@ -141,7 +141,7 @@ def test_terminal_styles_rows_and_prints_the_verdict_last():
 
 def test_the_judge_and_its_clients_load_without_a_framework():
     code = ("import sys, migrate.judge.terminal, migrate.judge.html, migrate.judge.markdown, migrate.judge.plot, "
-            "migrate.judge.jsonfile, migrate.align.report, migrate.align.checks, migrate.train.compare; "
+            "migrate.judge.jsonfile, migrate.align.report, migrate.align.checks, migrate.compare; "
             "print(sorted(m for m in ('torch', 'mindspore', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -149,7 +149,7 @@ def test_the_judge_and_its_clients_load_without_a_framework():
 
 def test_diff_and_compare_decide_through_the_same_verdict(tmp_path):
     from migrate.align.report import Report
-    from migrate.train.compare import compare_runs
+    from migrate.compare import compare_runs
 
     empty = Report()
     assert isinstance(empty.verdict, Verdict) and empty.exit_code == 1

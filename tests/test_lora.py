@@ -31,7 +31,7 @@ from migrate.models.config import LlamaConfig
 from migrate.models.loading import load_model
 from migrate.lora.cells import attach_lora
 from migrate.parallel.layout import Layout
-from migrate.plan import GiB, estimate_memory
+from migrate.memory_plan import GiB, estimate_memory
 from migrate.train.config import RunConfig
 
 IDS = np.random.default_rng(0).integers(0, 128, (2, 8))

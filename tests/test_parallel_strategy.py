@@ -19,7 +19,7 @@ from migrate.parallel.pipeline import (CausalLMLoss, assign_pipeline_stages, bui
                                        pipeline_grad_reducer, read_pipeline_stages)
 from migrate.parallel.layout import validate
 from migrate.parallel.strategy import ShardedKernel, assign_strategies, param_splits, per_device_params
-from migrate.plan import stage_params
+from migrate.memory_plan import stage_params
 
 
 def _cfg(n_kv=8, layers=2, **kw):

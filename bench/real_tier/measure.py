@@ -3,7 +3,7 @@
 Peak RSS is the child's own VmHWM, read from /proc/<pid>/status while it runs (every 50 ms;
 VmHWM only grows, so the last reading before exit is the peak up to those last 50 ms). Not
 ru_maxrss: the kernel carries the parent's high-water mark into a child spawned across exec
-(bench/harness.py, migrate/plan_measure.py), so a child of a big pytest process would read at
+(bench/harness.py, migrate/memory_plan_measure.py), so a child of a big pytest process would read at
 least as big as its parent. Only the process itself is measured, not processes it starts.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Framework-free (no torch, no MindSpore). Its two clients keep what they measure and the
 rules they hold it to -- `migrate.align` the tensor metrics and per-dtype thresholds,
-`migrate.train.compare` the curve statistics and rules -- and share the rest:
+`migrate.compare` the curve statistics and rules -- and share the rest:
 
 - `verdict`: `Check` (one figure, its bound, passed / failed / not judged and why, the first
   step out) and `Verdict` (pass, exit code, first failure, the verdict line);

@@ -2,7 +2,7 @@
 
 Each client keeps its bounds in a frozen dataclass with per-dtype defaults (`for_dtype`):
 `migrate diff`'s `align.thresholds.Thresholds`, `migrate compare`'s
-`train.compare.tolerances.Tolerances`. Overrides arrive as keyword values (None keeps the
+`compare.tolerances.Tolerances`. Overrides arrive as keyword values (None keeps the
 default, ``math.inf`` disables a bound) or, on the command line, as ``NAME=VALUE`` /
 ``KIND.NAME=VALUE`` strings; both are validated here, so a typo or an out-of-range bound is
 one line naming it, never a silently ignored value.

@@ -21,7 +21,7 @@ from migrate.keymap import Keymap, recorded_keymap
 from migrate.lora.spec import ALL_LINEAR, LoraSpec
 from migrate.lora.targets import Site, resolve_targets
 from migrate.parallel.layout import Layout
-from migrate.plan import (DEVICE, DTYPE_BYTES, GiB, MemoryEstimate, MemoryProfile, estimate_memory,
+from migrate.memory_plan import (DEVICE, DTYPE_BYTES, GiB, MemoryEstimate, MemoryProfile, estimate_memory,
                           state_bytes_per_param)
 
 ADAPTER_BYTES = (4, 4, 8)  # fp32 weight, fp32 gradient, two fp32 moments (the weight is its own master)

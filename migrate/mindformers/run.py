@@ -29,7 +29,7 @@ from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
 from migrate.models.config import LlamaConfig
 from migrate.models.registry import load_model_config
 from migrate.parallel.layout import Layout, validate
-from migrate.plan import estimate_memory
+from migrate.memory_plan import estimate_memory
 from migrate.train.config import RunConfig
 from migrate.mindformers.fields import check_run_yaml
 from migrate.mindformers.model import check_expressible, model_section

@@ -27,22 +27,25 @@ from migrate.models.registry import config_class, expected_shapes
 
 
 class ConversionPlan:
-    def __init__(self, keymap: Keymap, config):
-        """`config`: the model's config object (or its fields, for pairing alone)."""
+    def __init__(self, keymap: Keymap, config, trust: bool = False):
+        """`config`: the model's config object (or its fields, for pairing alone); `trust`: the
+        caller's opt-in to import a model class migrate does not bundle (`registry.check_model_class`)."""
         self.keymap = keymap
+        self.trust = trust
         self.config = config
         self.fields: dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         self.model_class: str = self.fields.get(MODEL_CLASS_FIELD) or keymap.target
 
     @classmethod
-    def for_source(cls, keymap: Keymap, ms_fields: dict, model: str | None = None) -> "ConversionPlan":
+    def for_source(cls, keymap: Keymap, ms_fields: dict, model: str | None = None,
+                   trust: bool = False) -> "ConversionPlan":
         """The plan for the model `keymap` converts to (or `model`, a `module:Class`), its config
         recording the class and the keymap target the checkpoint is written for."""
         model = model or keymap.target
         fields = {**ms_fields, MODEL_CLASS_FIELD: model}
         if keymap.target_name:
             fields[TARGET_FIELD] = keymap.target_name  # the model loads the checkpoint back through it
-        return cls(keymap, config_class(model).from_dict(fields))
+        return cls(keymap, config_class(model, trust).from_dict(fields), trust)
 
     def set_compute_dtype(self, name: str) -> None:
         """The one model.yaml field the weights decide, not the keymap (convert's output dtype).
@@ -84,7 +87,7 @@ class ConversionPlan:
     @cached_property
     def expected(self) -> dict[str, tuple[int, ...]]:
         """The model's parameter names and shapes, in its own order (no MindSpore for a bundled model)."""
-        return expected_shapes(self.config, self.model_class)
+        return expected_shapes(self.config, self.model_class, self.trust)
 
     def written_name(self) -> Callable[[str], str]:
         """Model parameter name -> name written in the checkpoint (the same, unless the

@@ -14,12 +14,13 @@ A target string comes from files a user may have been handed (a converted folder
 model.yaml `model_class`, a keymap's `target`), and importing a module runs its code
 (`os:system`, `this:s`). So only registered classes are imported: the bundled models
 and the targets of the bundled keymaps. Any other class needs the user's explicit
-opt-in: `--trust-model-class`, or MIGRATE_TRUST_MODEL_CLASS=1 in the environment,
-or `allow_model_class(target)` from Python.
+opt-in: ``trust=True`` passed down (the command line's `--trust-model-class`, which the
+entry point also exports as MIGRATE_TRUST_MODEL_CLASS=1 for the worker processes it starts),
+MIGRATE_TRUST_MODEL_CLASS=1 in the environment a process was started with, or
+`allow_model_class(target)` from Python. Nothing here writes the environment.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import math
 import os
@@ -102,7 +103,7 @@ def family_of(config) -> Family:
 
 
 # ---------- configs ----------
-def config_class(target: str | None):
+def config_class(target: str | None, trust: bool = False):
     """The config class of model class `target` (`module:Class`): a bundled model's
     without importing MindSpore; a user's model's `config_class` attribute, else LlamaConfig."""
     if not target:
@@ -111,10 +112,10 @@ def config_class(target: str | None):
     if family is not None:
         return family.config_class
     # A class of the user's: imported only where `check_model_class` allows it.
-    return getattr(model_class(target), "config_class", LlamaConfig)
+    return getattr(model_class(target, trust), "config_class", LlamaConfig)
 
 
-def load_model_config(path: str | Path):
+def load_model_config(path: str | Path, trust: bool = False):
     """model.yaml -> the config object of the model class it names (`model_class`)."""
     path = Path(path)
     if path.is_dir():
@@ -123,17 +124,17 @@ def load_model_config(path: str | Path):
     if path.is_file():
         data = load_yaml(path, "model config")
         target = data.get(MODEL_CLASS_FIELD) if isinstance(data, dict) else None
-    return config_class(target).load(path)
+    return config_class(target, trust).load(path)
 
 
 # ---------- shapes ----------
-def expected_shapes(config, target: str) -> Shapes:
+def expected_shapes(config, target: str, trust: bool = False) -> Shapes:
     """Names and shapes of model `target` (`module:Class`) built from `config`, in the
     model's own parameter order; MigrateError for a config the bundled model cannot run."""
     family = FAMILIES.get(target)
     if family is None:  # a user's model: MindSpore builds it, without parameter data
         with lazy_parameters():
-            return parameter_shapes(build_model(config, target))
+            return parameter_shapes(build_model(config, target, trust))
     family.check_runnable(config)
     return family.shapes(config)
 
@@ -153,21 +154,9 @@ def allow_model_class(target: str) -> None:
 
 
 def trusting() -> bool:
+    """The opt-in a process was started with (MIGRATE_TRUST_MODEL_CLASS): msrun's workers and
+    Python callers that pass no ``trust``."""
     return os.environ.get(TRUST_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
-class TrustModelClassAction(argparse.Action):
-    """`--trust-model-class`: sets MIGRATE_TRUST_MODEL_CLASS=1 for this process (and the
-    worker processes it starts), the opt-in to import a model class migrate does not bundle."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        kwargs.setdefault("help", "import a model class that migrate does not bundle (model.yaml `model_class`, "
-                                  "keymap `target`); only for folders and keymaps you trust")
-        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        os.environ[TRUST_ENV] = "1"
-        setattr(namespace, self.dest, True)
 
 
 def registered_model_classes() -> set[str]:
@@ -175,11 +164,12 @@ def registered_model_classes() -> set[str]:
     return set(FAMILIES) | bundled_targets()
 
 
-def check_model_class(target) -> str:
-    """`target` if it may be imported; MigrateError in one line otherwise."""
+def check_model_class(target, trust: bool = False) -> str:
+    """`target` if it may be imported (``trust``: the caller's explicit opt-in); MigrateError in one
+    line otherwise."""
     if not isinstance(target, str) or not MODEL_CLASS.fullmatch(target):
         raise MigrateError(f"model class must be 'module:Class', got {quote(target)}")
-    if target in FAMILIES or target in _allowed or trusting() or target in registered_model_classes():
+    if target in FAMILIES or target in _allowed or trust or trusting() or target in registered_model_classes():
         return target
     raise MigrateError(
         f"refusing to import model class {quote(target)}: not one of migrate's models "
@@ -189,8 +179,8 @@ def check_model_class(target) -> str:
 
 
 # ---------- building ----------
-def model_class(target: str):
-    check_model_class(target)
+def model_class(target: str, trust: bool = False):
+    check_model_class(target, trust)
     module_name, _, class_name = target.partition(":")
     try:
         # The model's module imports MindSpore: only here, when a model is built.
@@ -199,11 +189,11 @@ def model_class(target: str):
         raise MigrateError(f"cannot import model class {target}: {clip(exc)}") from None
 
 
-def build_model(config, target: str | None = None):
+def build_model(config, target: str | None = None, trust: bool = False):
     target = target or config.extra.get(MODEL_CLASS_FIELD)
     if not target:
         raise MigrateError(f"model config names no {MODEL_CLASS_FIELD}")
-    return model_class(target)(config)
+    return model_class(target, trust)(config)
 
 
 @contextmanager

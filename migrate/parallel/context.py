@@ -10,7 +10,7 @@ Modes (`mode=`):
   embedding gather, the attention softmax); MindSpore derives the layouts of
   the unannotated ones (RMSNorm, RoPE, SwiGLU's elementwise ops) from them,
   as its sharding-propagation docs describe. That keeps activations between
-  a column and a row projection split over mp, as `migrate.plan` assumes.
+  a column and a row projection split over mp, as `migrate.memory_plan` assumes.
 - "semi_auto": parallel_mode="semi_auto_parallel" (what MindFormers uses with
   a strategy on every op). Here unannotated ops get MindSpore's default
   data-parallel strategy, so MindSpore inserts redistributions around them:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.errors import MigrateError
-from migrate.train.compare.metrics_log import Run, read_metrics
+from migrate.compare.metrics_log import Run, read_metrics
 
 HEALTH_FILE = "health.jsonl"
 HPARAMS_FILE = "effective_hparams.json"

@@ -39,8 +39,8 @@ import numpy as np
 
 from migrate.errors import MigrateError
 from migrate.judge import fmt_figure
-from migrate.train.compare.metrics_log import Run
-from migrate.train.compare.tolerances import Tolerances
+from migrate.compare.metrics_log import Run
+from migrate.compare.tolerances import Tolerances
 
 __all__ = ["REFERENCE_FIELDS", "DEPTH_UNIT", "SCALED", "FirstStepScale", "read_reference", "recorded_layers",
            "first_step_scale", "scaled_bounds"]

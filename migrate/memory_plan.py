@@ -31,7 +31,6 @@ layer's input (e·sbh) and rebuilds one layer at a time.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -406,9 +405,9 @@ def measure_peak_details(config, micro_batch: int, seq_length: int, steps: int =
     data["compute_dtype"] = "float32"
     arg = json.dumps({"config": data, "micro_batch": micro_batch, "seq_length": seq_length,
                       "steps": steps, "mode": mode})
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    proc = subprocess.run([sys.executable, "-m", "migrate.plan_measure", arg], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    # The child quiets MindSpore's log itself (GLOG_v, in its entry point); it inherits the rest.
+    proc = subprocess.run([sys.executable, "-m", "migrate.memory_plan_measure", arg], capture_output=True, text=True,
+                          timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = " ".join(proc.stderr.strip().splitlines()[-3:])[:300]

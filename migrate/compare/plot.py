@@ -10,7 +10,7 @@ import numpy as np
 
 from migrate.judge import short
 from migrate.judge.plot import FAIL_COLOR, figure, mark_failures, png_bytes, write_png
-from migrate.train.compare.result import CompareResult
+from migrate.compare.result import CompareResult
 
 __all__ = ["render_plot", "write_plot"]
 

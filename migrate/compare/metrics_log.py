@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from migrate.compare.log_formats import LogFormat, log_format
 from migrate.errors import MigrateError
 
-__all__ = ["REQUIRED_KEYS", "Run", "read_metrics"]
+__all__ = ["METRICS", "REQUIRED_KEYS", "Run", "read_metrics"]
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm")
 
@@ -45,7 +46,7 @@ class Run:
     loss_scale: np.ndarray | None
     lines: np.ndarray  # 1-based line number of each step
     grad_norm_clipped: np.ndarray | None = None  # total norm after clipping, where logged
-    format: str = "metrics"  # a key of log_formats.FORMATS (or "tensorboard:<dialect>")
+    format: str = "metrics"  # a registered format's key (log_formats.FORMATS) or "tensorboard:<dialect>"
     loss_window: np.ndarray | None = None  # steps each logged loss averages (ending at its step); None: 1
     resolution: dict = field(default_factory=dict)  # column -> per-step half unit of the last printed digit
 
@@ -87,6 +88,18 @@ def _number(rec: dict, key: str, where: str, *, nullable: bool, optional: bool =
     return v
 
 
+METRICS = LogFormat(
+    "metrics", "metrics.jsonl", "golden/train_torch.py, migrate train",
+    {"step": "step", "loss": "loss", "lr": "lr", "grad_norm": "grad_norm",
+     "grad_norm_clipped": "grad_norm_clipped", "skipped": "skipped", "loss_scale": "loss_scale",
+     "tokens": "tokens"},
+    loss_averaged=False, torch_clip=True,
+    sniff=lambda s: s.child("metrics.jsonl"), rank=0, folder="metrics.jsonl",
+    # a file no other format claims: JSON lines, empty, or not text (its reader names the bad line or byte)
+    fallback=lambda s: not s.is_dir and (s.first.startswith("{") or not s.first or not s.utf8))
+
+
+@log_format(METRICS)
 def read_metrics(path: Any, role: str = "metrics") -> Run:
     """Parse a metrics.jsonl (or a run folder holding one) into a `Run`."""
     p = _resolve(path, role)

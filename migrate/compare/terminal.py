@@ -8,7 +8,7 @@ from typing import Any
 from migrate.judge import Column, Table, fmt_figure, short
 from migrate.judge.table import FAIL, FIRST, NOT_JUDGED, OK
 from migrate.judge.terminal import FAIL_STYLE, NOTE_STYLE, print_judged
-from migrate.train.compare.result import CompareResult
+from migrate.compare.result import CompareResult
 
 __all__ = ["print_summary"]
 

@@ -6,7 +6,7 @@ trainer_state.json (transformers/trainer_callback.py ``TrainerState.save_to_json
 training entries (transformers/trainer.py ``_maybe_log_save_evaluate``, ``log``).
 
 TensorBoard files are read with TensorBoard's own ``EventAccumulator`` (no protobuf by hand);
-the producer is told by its tags (`log_formats.TB_DIALECTS`).
+the producer is told by its tags (`TB_DIALECTS`).
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import math
 from pathlib import Path
 
 from migrate.errors import MigrateError
-from migrate.train.compare.foreign_run import Rows
-from migrate.train.compare.log_formats import FORMATS, FP32_HALF_ULP, TB_DIALECTS, printed_resolution
-from migrate.train.compare.metrics_log import Run
+from migrate.compare.foreign_run import Rows
+from migrate.compare.foreign_text import MEGATRON, MINDFORMERS
+from migrate.compare.log_formats import FP32_HALF_ULP, LogFormat, log_format, printed_resolution
+from migrate.compare.metrics_log import Run
 
-__all__ = ["read_hf_trainer_state", "read_tensorboard"]
+__all__ = ["HF_TRAINER", "TENSORBOARD", "TB_DIALECTS", "read_hf_trainer_state", "read_tensorboard", "tensorboard_files"]
 
 
 class _Literal(float):
@@ -33,8 +34,27 @@ class _Literal(float):
         return obj
 
 
+HF_TRAINER = LogFormat(
+    "hf_trainer", "HF Trainer trainer_state.json",
+    "transformers/trainer.py: Trainer._maybe_log_save_evaluate and Trainer.log (state.log_history)",
+    {"step": "step", "loss": "loss", "lr": "learning_rate", "grad_norm": "grad_norm",
+     "tokens": "num_input_tokens_seen"},
+    loss_averaged=True, torch_clip=True,
+    printed={"loss": "repr", "lr": "repr", "grad_norm": "repr"},
+    note="loss = tr_loss / (global_step - last logged step): the mean since the previous entry; "
+         "learning_rate is read before lr_scheduler.step() (transformers 5; 4.x releases logged the next "
+         "step's lr, which the lr rule names as a schedule off by one step); grad_norm is "
+         "clip_grad_norm_'s pre-clip total norm. Numbers are Python reprs (exact); transformers 4.x rounded "
+         "the loss to 4 decimals, which is read from the file (every loss with <= 4 decimals). Entries "
+         "without 'loss' (evaluation, the final train_runtime summary) are skipped.",
+    sniff=lambda s: s.child("trainer_state.json") or (not s.is_dir and s.name == "trainer_state.json")
+    or (not s.is_dir and s.first.startswith("{") and '"log_history"' in s.text),
+    rank=10, folder="trainer_state.json")
+
+
+@log_format(HF_TRAINER)
 def read_hf_trainer_state(path: Path, role: str) -> Run:
-    fmt = FORMATS["hf_trainer"]
+    fmt = HF_TRAINER
     try:
         data = json.loads(path.read_text(encoding="utf-8"), parse_float=_Literal)
     except (OSError, UnicodeDecodeError) as e:
@@ -77,6 +97,42 @@ def tensorboard_files(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_file() and p.name.startswith("events.out.tfevents"))
 
 
+TENSORBOARD = LogFormat(
+    "tensorboard", "TensorBoard event file",
+    "read with tensorboard.backend.event_processing.event_accumulator.EventAccumulator",
+    {}, loss_averaged=False, torch_clip=False,
+    note="scalar tags per producer below (TB_DIALECTS); values are float32",
+    sniff=lambda s: (s.is_dir and bool(tensorboard_files(s.path))) or s.name.startswith("events.out.tfevents"),
+    rank=20, known="TensorBoard event files", folder="TensorBoard event files")
+
+# TensorBoard tags per producer: compare's column <- tag; the dialect is the first whose loss and
+# lr tags the file has. Sources: transformers/integrations/integration_utils.py TensorBoardCallback.on_log
+# (rewrite_logs adds "train/"), Megatron-LM training_log (writer.add_scalar(key, loss_dict[key]) is
+# the iteration's own loss, not the printed window mean), MindFormers MFLossMonitor.print_output_info.
+TB_DIALECTS: dict[str, tuple[LogFormat, dict[str, str]]] = {
+    # migrate's own trainers (migrate/train/tensorboard.py SCALARS): the step's own values
+    "migrate": (
+        LogFormat("migrate_tb", "migrate TensorBoard", "migrate/train/tensorboard.py", {},
+                  loss_averaged=False, torch_clip=True),
+        {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
+         "grad_norm_clipped": "train/grad_norm_clipped", "loss_scale": "fp16/loss_scale"}),
+    "hf_trainer": (
+        LogFormat("hf_trainer_tb", "HF Trainer TensorBoard (TensorBoardCallback)",
+                  "transformers/integrations/integration_utils.py: TensorBoardCallback.on_log", {},
+                  loss_averaged=True, torch_clip=True),   # the same logs as log_history
+        {"loss": "train/loss", "lr": "train/learning_rate", "grad_norm": "train/grad_norm"}),
+    "megatron": (
+        LogFormat("megatron_tb", "Megatron-LM TensorBoard", MEGATRON.source, {},
+                  loss_averaged=False, torch_clip=True, lr_of_next_step=True),
+        {"loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale"}),
+    "mindformers": (
+        LogFormat("mindformers_tb", "MindSpore Transformers TensorBoard", MINDFORMERS.source, {},
+                  loss_averaged=False, torch_clip=False),
+        {"loss": "loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale"}),
+}
+
+
+@log_format(TENSORBOARD)
 def read_tensorboard(path: Path, role: str) -> Run:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # no TF, no torch
 

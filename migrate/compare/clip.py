@@ -27,10 +27,10 @@ import math
 import numpy as np
 
 from migrate.judge import Check, fmt_figure
-from migrate.train.compare.metrics_log import Run
-from migrate.train.compare.result import CompareResult
-from migrate.train.compare.stats import at_steps, first_over, nanmean, rel_diff, running_mean
-from migrate.train.compare.tolerances import Tolerances
+from migrate.compare.metrics_log import Run
+from migrate.compare.result import CompareResult
+from migrate.compare.stats import at_steps, first_over, nanmean, rel_diff, running_mean
+from migrate.compare.tolerances import Tolerances
 
 __all__ = ["clip_check"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.errors import MigrateError
-from migrate.train.compare.metrics_log import Run
+from migrate.compare.metrics_log import Run
 
 __all__ = ["Rows", "number"]
 

@@ -1,6 +1,6 @@
 """Text training logs: Megatron-LM's iteration lines and MindSpore Transformers' MFLossMonitor lines.
 
-Line formats, from the projects' sources (see `log_formats.FORMATS` for the field mapping):
+Line formats, from the projects' sources (each `LogFormat` below maps the fields; `log_formats`):
 
 Megatron-LM, megatron/training/training.py ``training_log`` (2025)::
 
@@ -29,11 +29,11 @@ import re
 from pathlib import Path
 
 from migrate.errors import MigrateError
-from migrate.train.compare.foreign_run import Rows, number
-from migrate.train.compare.log_formats import FORMATS, printed_resolution
-from migrate.train.compare.metrics_log import Run
+from migrate.compare.foreign_run import Rows, number
+from migrate.compare.log_formats import LogFormat, log_format, printed_resolution
+from migrate.compare.metrics_log import Run
 
-__all__ = ["MEGATRON_LINE", "MINDFORMERS_LINE", "read_megatron", "read_mindformers"]
+__all__ = ["MEGATRON", "MINDFORMERS", "MEGATRON_LINE", "MINDFORMERS_LINE", "read_megatron", "read_mindformers"]
 
 MEGATRON_LINE = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 MINDFORMERS_LINE = re.compile(
@@ -51,8 +51,25 @@ def _lines(path: Path, role: str):
         raise MigrateError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
+MEGATRON = LogFormat(
+    "megatron", "Megatron-LM iteration log",
+    "megatron/training/training.py: training_log (print_rank_last(log_string))",
+    {"step": "iteration", "loss": "lm loss", "lr": "learning rate", "grad_norm": "grad norm",
+     "loss_scale": "loss scale", "skipped": "number of skipped iterations"},
+    loss_averaged=True, torch_clip=True, lr_of_next_step=True,
+    printed={"loss": "fixed", "lr": "fixed", "grad_norm": "fixed", "loss_scale": "fixed"},
+    note="'lm loss' is the mean over the advanced (not skipped) iterations since the previous line "
+         "(log_interval); 'learning rate' is the next iteration's (train_step runs opt_param_scheduler.step "
+         "before training_log); 'grad norm' (pre-clip, clip_grad_by_total_norm_fp32: max_norm / "
+         "(norm + 1e-6)) and 'loss scale' are the logged iteration's; 'number of skipped "
+         "iterations' counts the window's. Printed as {:.6E} (lm loss, lr; {:.3E} in releases before "
+         "2024), {:.3f} (grad norm), {:.1f} (loss scale).",
+    sniff=lambda s: s.has_line(MEGATRON_LINE), rank=30, known="Megatron-LM iteration log lines")
+
+
+@log_format(MEGATRON)
 def read_megatron(path: Path, role: str) -> Run:
-    fmt = FORMATS["megatron"]
+    fmt = MEGATRON
     names = {v: k for k, v in fmt.fields.items()}          # the log's field -> compare's column
     rows = Rows(path, fmt.key)
     for lineno, line in _lines(path, role):
@@ -85,8 +102,24 @@ def _log_interval(steps: list[int]) -> int | None:
     return max(set(gaps), key=gaps.count) if gaps else None
 
 
+MINDFORMERS = LogFormat(
+    "mindformers", "MindSpore Transformers MFLossMonitor log",
+    "mindformers/core/callback/callback.py: MFLossMonitor.print_output_info",
+    {"step": "Epoch:[e/E], step:[s/S] -> (e - 1) * S + s", "loss": "loss", "lr": "lr",
+     "grad_norm": "global_norm", "loss_scale": "loss_scale", "skipped": "overflow cond"},
+    loss_averaged=False, torch_clip=False,
+    printed={"loss": "fixed", "lr": "numpy", "grad_norm": "numpy", "loss_scale": "numpy"},
+    note="'loss: %5.3f' (sink mode) or 'loss:[%5.3f/%5.3f]' (this step's / the epoch's running mean; "
+         "the first is read): three decimals; lr (the step's own: MFTrainOneStepCell evaluates the schedule "
+         "before calling the optimizer) and global_norm (pre-clip) are numpy values printed with %s; "
+         "per_print_times > 1 logs every N-th step's own values (no averaging).",
+    sniff=lambda s: s.has_line(MINDFORMERS_LINE), rank=40,
+    known="MindSpore Transformers MFLossMonitor log lines")
+
+
+@log_format(MINDFORMERS)
 def read_mindformers(path: Path, role: str) -> Run:
-    fmt = FORMATS["mindformers"]
+    fmt = MINDFORMERS
     rows = Rows(path, fmt.key)
     for lineno, line in _lines(path, role):
         m = MINDFORMERS_LINE.search(line.rstrip("\n"))

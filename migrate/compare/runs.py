@@ -10,9 +10,9 @@ import numpy as np
 
 from migrate.errors import MigrateError
 from migrate.dtype_names import canonical_dtype
-from migrate.train.compare.clip import clip_check
-from migrate.train.compare.drift import drift_check
-from migrate.train.compare.log_alignment import (
+from migrate.compare.clip import clip_check
+from migrate.compare.drift import drift_check
+from migrate.compare.log_alignment import (
     align_runs,
     describe,
     first_window,
@@ -20,11 +20,11 @@ from migrate.train.compare.log_alignment import (
     resolution_bounds,
     torch_clip_golden,
 )
-from migrate.train.compare.metrics_log import Run
-from migrate.train.compare.readers import read_run
-from migrate.train.compare.reference import SCALED, first_step_scale, scaled_bounds
-from migrate.train.compare.result import CompareResult
-from migrate.train.compare.rules import (
+from migrate.compare.metrics_log import Run
+from migrate.compare.readers import read_run
+from migrate.compare.reference import SCALED, first_step_scale, scaled_bounds
+from migrate.compare.result import CompareResult
+from migrate.compare.rules import (
     agreement_rules,
     band_factor,
     coverage_rule,
@@ -35,9 +35,9 @@ from migrate.train.compare.rules import (
     measure_noise,
     noise_notes,
 )
-from migrate.train.compare.stats import at_steps, rel_diff, trailing_mean
-from migrate.train.compare.tolerances import Tolerances
-from migrate.train.hparams_check import cross_check
+from migrate.compare.stats import at_steps, rel_diff, trailing_mean
+from migrate.compare.tolerances import Tolerances
+from migrate.compare.effective_hparams import cross_check
 
 __all__ = ["compare_runs"]
 

@@ -7,9 +7,9 @@ import numpy as np
 
 from migrate.judge import Check, fmt_figure
 from migrate.dtype_names import PRECISIONS
-from migrate.train.compare.result import CompareResult
-from migrate.train.compare.stats import nanmax
-from migrate.train.compare.tolerances import Tolerances
+from migrate.compare.result import CompareResult
+from migrate.compare.stats import nanmax
+from migrate.compare.tolerances import Tolerances
 
 __all__ = ["drift_check"]
 

@@ -9,7 +9,8 @@
 
 A path may be the metrics.jsonl file or the run folder holding it, or one of the field's logs --
 HF Trainer's trainer_state.json, Megatron-LM or MindSpore Transformers log lines, TensorBoard event
-files -- detected by `readers.read_run` (`log_formats` maps each format's fields, as data;
+files -- detected by `readers.read_run` (`log_formats` is the registry: each format declared beside
+its reader with its field mapping, sniff and read;
 `log_alignment` matches window-averaged losses, sparse steps, next-step lrs and printed precision).
 
 One module per concern: `metrics_log` reads a run, `stats` holds the per-step statistics,
@@ -31,13 +32,13 @@ from typing import Any
 
 from migrate.judge import Check
 from migrate.judge.jsonfile import write_json as _write_json
-from migrate.train.compare.metrics_log import Run, read_metrics
-from migrate.train.compare.plot import render_plot, write_plot
-from migrate.train.compare.readers import read_run
-from migrate.train.compare.result import SCHEMA_VERSION, CompareResult
-from migrate.train.compare.runs import compare_runs
-from migrate.train.compare.terminal import print_summary
-from migrate.train.compare.tolerances import Tolerances
+from migrate.compare.metrics_log import Run, read_metrics
+from migrate.compare.plot import render_plot, write_plot
+from migrate.compare.readers import read_run
+from migrate.compare.result import SCHEMA_VERSION, CompareResult
+from migrate.compare.runs import compare_runs
+from migrate.compare.terminal import print_summary
+from migrate.compare.tolerances import Tolerances
 
 __all__ = [
     "SCHEMA_VERSION",

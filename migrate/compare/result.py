@@ -9,7 +9,7 @@ import numpy as np
 
 from migrate.jsonsafe import jsonable
 from migrate.judge import Check, Verdict, fmt_figure
-from migrate.train.compare.tolerances import Tolerances
+from migrate.compare.tolerances import Tolerances
 
 __all__ = ["SCHEMA_VERSION", "CHECK_ORDER", "CompareResult"]
 
@@ -60,7 +60,7 @@ class CompareResult:
     loss_signed: np.ndarray | None = None   # (ms - golden) / |golden| of the loss, NaN where not both finite
     drift_sustained: np.ndarray | None = None  # per step: how far s stayed beyond 0, same sign, over the window
     drift_limit: float | None = None        # drift x the first steps' level, where the drift rule applies
-    hparams: Any = None                     # hparams_check.HparamsCheck: the effective_hparams.json cross-check
+    hparams: Any = None                     # effective_hparams.HparamsCheck: the effective_hparams.json cross-check
     formats: dict = field(default_factory=dict)  # side -> log format read (log_formats.FORMATS key)
     reference: Any = None                   # reference.FirstStepScale: where the first-step bounds' scale came from
 

@@ -41,7 +41,7 @@ Rules (each names the first step out of tolerance)
 ``clip``   when both logs have grad_norm_clipped (`clip.clip_check`);
 ``hparams`` the two runs' effective_hparams.json (beside each metrics.jsonl,
            or ``hparams=(golden_file, ms_file)``): any knob both record that
-           differs fails, named with both values (`hparams_check`); without
+           differs fails, named with both values (`effective_hparams`); without
            both files the check is skipped and a note says so.
 
 First-step scale (`reference`)
@@ -122,9 +122,9 @@ import math
 import numpy as np
 
 from migrate.judge import Check, fmt_figure
-from migrate.train.compare.metrics_log import Run
-from migrate.train.compare.result import CompareResult
-from migrate.train.compare.stats import (
+from migrate.compare.metrics_log import Run
+from migrate.compare.result import CompareResult
+from migrate.compare.stats import (
     at_steps,
     centred_mean,
     first_over,
@@ -134,7 +134,7 @@ from migrate.train.compare.stats import (
     rel_diff,
     running_mean,
 )
-from migrate.train.hparams_check import HparamsCheck
+from migrate.compare.effective_hparams import HparamsCheck
 
 __all__ = ["hparams_rule", "coverage_rule", "agreement_rules", "measure_noise", "band_factor", "loss_rules",
            "lr_rule", "grad_rules", "noise_notes"]

@@ -1,10 +1,10 @@
 """Measure the peak host memory of real training steps of the bundled model on CPU.
 
-    python -m migrate.plan_measure '{"config": {...}, "micro_batch": 2, "seq_length": 128, "steps": 2,
+    python -m migrate.memory_plan_measure '{"config": {...}, "micro_batch": 2, "seq_length": 128, "steps": 2,
                                      "mode": "pynative"}'
 
 prints one JSON line: baseline RSS after imports, peak RSS, their difference
-(`growth`), and the parameter count. `migrate.plan.measure_peak` runs this in a
+(`growth`), and the parameter count. `migrate.memory_plan.measure_peak` runs this in a
 subprocess so the measurement starts from a clean interpreter.
 
 The step is the plain MindSpore recipe the trainer uses: the bundled
