@@ -7,7 +7,7 @@ measurement in a child process of its own (peak RSS is the child's own VmHWM, im
 included; times exclude the imports):
 
   bare HF / bare MS   load the model, one forward without hooks
-  diff live           `migrate.align.compare` (HF vs converted, live), with HF's float64 twin (the
+  diff live           `migrate.align.run_diff` (HF vs converted, live), with HF's float64 twin (the
                       noise reference, the default) and with --reference none
   dump HF / MS        `migrate dump` in tensors mode and in statistics mode (HF: with its twin,
                       and once in tensors mode without)
@@ -70,7 +70,7 @@ def run_child(spec: dict) -> dict:
         convert(spec["hf"], spec["ms"], fmt="safetensors")
         return {"parameters": params}
     if task in ("bare_hf", "bare_ms"):
-        from migrate.align.inputs import seeded_inputs
+        from migrate.probe.inputs import seeded_inputs
         from migrate.probe.sides import call_model, open_side
 
         started = time.perf_counter()
@@ -81,10 +81,10 @@ def run_child(spec: dict) -> dict:
         import mindspore  # noqa: F401  (imports untimed, as in the bare runs)
         import transformers  # noqa: F401
 
-        from migrate.align import compare
+        from migrate.align import run_diff
 
         started = time.perf_counter()
-        report = compare(spec["hf"], spec["ms"], reference=spec.get("reference", "fp64"))
+        report = run_diff(spec["hf"], spec["ms"], reference=spec.get("reference", "fp64"))
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "passed": report.passed}
     if task == "dump":
         from migrate.probe import dump

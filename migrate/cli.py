@@ -108,14 +108,14 @@ def _cmd_diff(args) -> int:
 
     if (code := diff_any(args)) is not None:  # dumps, module:factory, --mapping, --stats
         return code
-    from migrate.align.report import print_table, write_report
-    from migrate.align.runner import compare
-    from migrate.align.thresholds import Thresholds
+    from migrate.align.runner import run_diff
+    from migrate.judge.report import print_table, write_report
+    from migrate.judge.thresholds import Thresholds
 
     thresholds = Thresholds.for_dtype(args.dtype).with_overrides(
         None, max_abs=args.max_abs, cosine=args.cosine, top1=args.top1, kl=args.kl
     ).with_cli_overrides(args.threshold or [])
-    report = compare(
+    report = run_diff(
         args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
         text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
         inject=args.inject, thresholds=thresholds, keymap=args.keymap or args.src, mode=args.mode, lr=args.lr,

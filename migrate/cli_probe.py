@@ -73,8 +73,8 @@ def diff_any(args) -> int | None:
     if used:
         raise MigrateError(f"{', '.join(used)} need an HF folder and a converted folder (live); "
                            f"this pair is {' and '.join(kinds)}")
-    from migrate.align.report import print_table, write_report
-    from migrate.align.thresholds import Thresholds
+    from migrate.judge.report import print_table, write_report
+    from migrate.judge.thresholds import Thresholds
     from migrate.probe.diff_any import compare_any
     from migrate.ui import console
 

@@ -1,4 +1,4 @@
-"""The noise reference of `migrate diff` (`migrate.align.reference`): bounds widen to the reference's
+"""The noise reference of `migrate diff` (`migrate.judge.noise`): bounds widen to the reference's
 own error against its float64 twin, never below the fixed bounds; low precision holds the share of
 elements off by 5‰ to the reference's own; top-1 forgives near ties; the fallback scales for depth
 and width and says so; dumps carry the noise of the side that was twinned."""
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
-from migrate.align.checks import tensor_checks
-from migrate.align.metrics import logits_metrics
-from migrate.align.reference import TWIN, noise_figures, tie_margin
-from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds, fallback_factor
-from migrate.align.twin import twin_refused
+from migrate.align import run_diff
+from migrate.judge.checks import tensor_checks
+from migrate.judge.metrics import logits_metrics
+from migrate.judge.noise import TWIN, noise_figures, tie_margin
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
+from migrate.judge.twin import twin_refused
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.probe import compare_any, dump
@@ -138,7 +138,7 @@ def tiny(tmp_path_factory):
 
 
 def test_live_diff_judges_every_tensor_against_the_twin(tiny):
-    report = compare(tiny / "hf", tiny / "ms", detail=True, grads=True)
+    report = run_diff(tiny / "hf", tiny / "ms", detail=True, grads=True)
     assert report.passed
     assert report.reference["source"] == TWIN
     assert all("noise" in e.metrics for e in report.entries if e.kind != "generation")

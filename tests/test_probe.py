@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
+from migrate.align import run_diff
 from migrate.align.faults import FAULTS
-from migrate.align.inputs import seeded_inputs
+from migrate.probe.inputs import seeded_inputs
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
@@ -102,7 +102,7 @@ def _located(report, name: str) -> None:
 
 
 def test_dumps_from_other_processes_reproduce_the_live_verdict(world):
-    live = compare(world / "hf", world / "ms", padded=True, seq_len=SEQ, detail=True)
+    live = run_diff(world / "hf", world / "ms", padded=True, seq_len=SEQ, detail=True)
     dumped = compare_any(str(world / "d_hf"), str(world / "d_ms"), detail=True)
     assert live.passed and dumped.passed
     _same(live, dumped)

@@ -13,11 +13,9 @@ import numpy as np
 import torch
 
 from migrate.checkpoints.dtypes import torch_to_numpy
-from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
-from migrate.hf_config import read_raw_config
+from migrate.probe.sides import load_hf_model
 
-TORCH_DTYPES = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}  # "bf16" -> torch.bfloat16
 # Model outputs compared after the hidden states, by HF's ModelOutput attribute name
 # (the bundled models return them in their `OUTPUTS` order): report name and kind.
 OUTPUTS = {
@@ -36,20 +34,7 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
 
 class HFSide:
     def __init__(self, hf_dir: Path, dtype: str, align: dict[str, str], num_layers: int, seed: int):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # the report is the output; no loading bars
-        torch.manual_seed(seed)
-        model_class = _model_class(hf_dir)
-        try:
-            # Eager attention: softmax in fp32 and an explicit additive mask, the
-            # formulation the bundled model reproduces.
-            self.model = model_class.from_pretrained(
-                str(hf_dir), dtype=TORCH_DTYPES[dtype], attn_implementation="eager", local_files_only=True
-            )
-        except Exception as exc:
-            raise MigrateError(f"transformers cannot load {hf_dir}: {str(exc).strip().splitlines()[0]}") from None
-        self.model.eval()  # dropout off
+        self.model = load_hf_model(hf_dir, dtype, seed)  # `probe.sides`: eager attention, dropout off
         self._attach(_hook_points(align, num_layers))
 
     def _attach(self, points) -> None:
@@ -107,17 +92,6 @@ class HFSide:
                                       min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=None,
                                       pad_token_id=0, repetition_penalty=1.0)
         return out[0, ids.shape[1]:].tolist()
-
-
-def _model_class(hf_dir: Path):
-    """The transformers class config.json's `architectures` names; a causal LM when it names none."""
-    import transformers
-
-    for arch in read_raw_config(hf_dir).get("architectures") or []:
-        cls = getattr(transformers, arch, None)
-        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
-            return cls
-    return transformers.AutoModelForCausalLM
 
 
 def _hook_points(align: dict[str, str], num_layers: int) -> list[tuple[str, int | None, str]]:

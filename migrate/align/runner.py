@@ -1,35 +1,36 @@
 """`migrate diff`: run the HF model and the converted MindSpore model on the same
-inputs and compare them tensor by tensor. `compare` returns the `Report`;
-the CLI only prints and writes it.
+inputs and compare them tensor by tensor. `run_diff` returns the `Report`;
+the CLI only prints and writes it. MindSpore's execution mode is scoped to the run
+(`models.mode.execution_mode`): the caller's mode is back when it returns.
 """
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
-import mindspore as ms
 import numpy as np
 import torch
 
 from migrate.align.adapters import attach_to_hf, attach_to_ms, load_adapter
 from migrate.align.faults import check_fault, parse_fault
 from migrate.align.hf_side import OUTPUTS, HFSide
-from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
+from migrate.probe.inputs import Inputs, decode, seeded_inputs, text_inputs
 from migrate.align.ms_side import MSSide
 from migrate.align.optimizer_reference import torch_adamw_step
-from migrate.align.reference import TWIN
-from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds, fallback_factor
-from migrate.align.twin import REFERENCES, float64_in_place, twin_refused
+from migrate.judge.noise import TWIN
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
+from migrate.judge.twin import REFERENCES, float64_in_place, twin_refused
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
+from migrate.models.mode import execution_mode
 
 ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
-def compare(
+def run_diff(
     hf_dir: str | Path,
     ms_dir: str | Path,
     *,
@@ -50,7 +51,7 @@ def compare(
     adapter: str | Path | None = None,
     reference: str = "fp64",
 ) -> Report:
-    """`reference`: "fp64" runs HF's model a second time in float64 (`align.reference`) and widens
+    """`reference`: "fp64" runs HF's model a second time in float64 (`judge.noise`) and widens
     every bound to the reference's own error, unless the float64 copy would not fit in memory;
     "none" judges on the fixed bounds scaled for depth and width (`thresholds.fallback_factor`)."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
@@ -70,10 +71,14 @@ def compare(
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    if fault:
-        ms.set_context(mode=ms.PYNATIVE_MODE)  # faults patch Python methods
+    with execution_mode("pynative" if fault else mode):  # faults patch Python methods: PyNative
+        return _run(hf_dir, ms_dir, dtype=dtype, batch=batch, seq_len=seq_len, seed=seed, text=text,
+                    padded=padded, detail=detail, grads=grads, generate=generate, fault=fault,
+                    thresholds=thresholds, keymap=keymap, mode=mode, lr=lr, adapter=adapter, reference=reference)
 
+
+def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padded, detail, grads, generate,
+         fault, thresholds, keymap, mode, lr, adapter, reference) -> Report:
     ms_side = MSSide(ms_dir, dtype, seed)
     config = ms_side.config
     # The variant and target the folder was converted with (model.yaml records them).
@@ -97,7 +102,7 @@ def compare(
         raise MigrateError(f"--generate needs a generative model; {type(hf_side.model).__name__} is not one")
     thresholds = thresholds or Thresholds.for_dtype(dtype)
     why_not = twin_refused(hf_side.model, reference, in_place=True)
-    twin = None if why_not else hf_side  # run again in float64 in place (`align.twin`)
+    twin = None if why_not else hf_side  # run again in float64 in place (`judge.twin`)
     if why_not:
         factor = fallback_factor(config.num_layers, getattr(config, "hidden_size", None))
         thresholds, ref_info = thresholds.scaled(factor), {"source": "fallback", "factor": factor, "why": why_not}

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.align.inputs import Inputs, seeded_inputs
-from migrate.align.reference import TWIN
-from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds, fallback_factor
+from migrate.probe.inputs import Inputs, seeded_inputs
+from migrate.judge.noise import TWIN
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.judge import fmt_num

@@ -40,7 +40,7 @@ Rules (all documented values are module constants):
 * Shape mismatch is not an exception: the result carries ``error`` and is
   judged as failed.
 
-What passes: `align.thresholds` holds the per-dtype bounds, `align.checks` applies them.
+What passes: `judge.thresholds` holds the per-dtype bounds, `judge.checks` applies them.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from migrate.align.thresholds import OFF_FLOOR, Thresholds
+from migrate.judge.thresholds import OFF_FLOOR, Thresholds
 from migrate.judge import Check, Verdict, fmt_cosine, fmt_num, fmt_share
 
 __all__ = ["tensor_checks", "judge", "nonfinite_count", "nonfinite_side", "nonfinite_text", "nonfinite_summary"]
@@ -104,7 +104,7 @@ def tensor_checks(metrics: Mapping[str, Any], kind: str, thresholds: Thresholds 
     A bound that is None, or a metric that is absent or None (not measured), makes no check;
     a NaN metric fails. The cosine of a tensor that is zero at the max-abs bound (both peaks
     within it) is not judged: it has no direction to compare. With ``metrics["noise"]`` (the
-    reference's own error vs its float64 twin, `align.reference`) each bound is widened to
+    reference's own error vs its float64 twin, `judge.noise`) each bound is widened to
     K x that where larger, and in low precision the share off by 5‰ is held to W x the
     reference's own (`Bounds`).
     """

@@ -2,7 +2,7 @@
 
 `Thresholds.for_dtype("bf16")` gives the defaults below; `with_overrides` (the ``--max-abs``,
 ``--cosine``, ``--top1``, ``--kl`` flags) and `with_cli_overrides` (``--threshold
-KIND.NAME=VALUE``) replace some, checked by `migrate.judge.tolerances`. `align.checks` applies
+KIND.NAME=VALUE``) replace some, checked by `migrate.judge.tolerances`. `judge.checks` applies
 them to a metrics dict.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Bounds:
       fp32 -- which leaves the cosine near 1 but moves half of the elements.
     A bound whose metric is absent from the metrics dict is not applied.
 
-    With a noise reference (`align.reference`: the metrics carry ``noise``, the reference
+    With a noise reference (`judge.noise`: the metrics carry ``noise``, the reference
     side's own error against its float64 twin on the same inputs) two more apply:
 
     * ``noise``: K. The max-abs bound, the cosine distance (1 - cosine) and the KL bound

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrate.align.report.entries import Entry
-from migrate.align.checks import nonfinite_side
-from migrate.align.thresholds import KINDS
+from migrate.judge.report.entries import Entry
+from migrate.judge.checks import nonfinite_side
+from migrate.judge.thresholds import KINDS
 from migrate.judge import Column, Table, fmt_cosine, fmt_num, fmt_pct
 from migrate.judge.table import FAIL, FIRST, OK
 
