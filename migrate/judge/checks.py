@@ -1,24 +1,21 @@
 """Judging one compared tensor: its metrics held to its `Bounds`, as the judge's `Check`s.
 
 `tensor_checks` makes one `migrate.judge.Check` per bound that applies, most fundamental
-first: shape (or other) error, NaN/Inf, cosine, max abs, share within 5‰, top-1, KL,
-generation match. `judge` is their `Verdict` as ``(passed, reason)``, the reason every failing
-check joined by "; ". Any NaN or Inf element, on either side, fails by itself, worded by
-`nonfinite_text` (also used by the report's NaN/Inf section).
+first: shape (or other) error, NaN/Inf, then each bound declared in `judge.bounds` in its
+rank (cosine, max abs, share within 5‰, top-1, KL, generation match). `judge` is their
+`Verdict` as ``(passed, reason)``, the reason every failing check joined by "; ". Any NaN or
+Inf element, on either side, fails by itself, worded by `nonfinite_text` (also used by the
+report's NaN/Inf section).
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
-from migrate.judge.thresholds import OFF_FLOOR, Thresholds
-from migrate.judge import Check, Verdict, fmt_cosine, fmt_num, fmt_share
+from migrate.judge.bounds import METRICS
+from migrate.judge.thresholds import Thresholds
+from migrate.judge.verdict import Check, Verdict
 
 __all__ = ["tensor_checks", "judge", "nonfinite_count", "nonfinite_side", "nonfinite_text", "nonfinite_summary"]
-
-
-def _bad(x: Any) -> bool:
-    return isinstance(x, float) and math.isnan(x)
 
 
 # --------------------------------------------------------------------------- NaN / Inf wording
@@ -84,22 +81,13 @@ def nonfinite_summary(nf: Mapping[str, Any], ref_label: str, got_label: str) -> 
 
 # --------------------------------------------------------------------------- checks
 
-def _noise_limit(fixed: float | None, k: float | None, own: Any) -> tuple[float | None, bool]:
-    """(limit, from_noise): the larger of the fixed bound and k x the reference's own figure."""
-    if k is None or own is None or _bad(own):
-        return fixed, False
-    widened = k * float(own)
-    if fixed is None or widened > fixed:
-        return widened, True
-    return fixed, False
-
-
-def _noise_words(k: float, own: float, what: str = "error") -> str:
-    return f"{k:g} × the reference's own {what} vs float64 {fmt_num(own)}"
+_ORDER = sorted((spec for spec in METRICS.values() if spec.check is not None), key=lambda spec: spec.rank)
 
 
 def tensor_checks(metrics: Mapping[str, Any], kind: str, thresholds: Thresholds | str) -> list[Check]:
-    """One Check per bound of ``thresholds.bounds(kind)`` whose metric is in `metrics`.
+    """One Check per bound of ``thresholds.bounds(kind)`` whose metric is in `metrics`, after the
+    comparison's own error and the NaN/Inf count; each bound's check is its declaration's in
+    `judge.bounds`, in their ``rank`` order.
 
     A bound that is None, or a metric that is absent or None (not measured), makes no check;
     a NaN metric fails. The cosine of a tensor that is zero at the max-abs bound (both peaks
@@ -117,90 +105,10 @@ def tensor_checks(metrics: Mapping[str, Any], kind: str, thresholds: Thresholds 
     checks = [Check("finite", "NaN/Inf elements, both sides", value=n_bad, limit=0, passed=not n_bad,
                     detail=nonfinite_text(metrics) if n_bad else "")]
     noise = metrics.get("noise") or {}
-
-    mab = metrics.get("max_abs")
-    ref_peak = float(metrics.get("ref_max_abs") or 0.0)
-    fixed_bound = b.max_abs_bound(ref_peak) if mab is not None else None
-    bound, by_noise = _noise_limit(fixed_bound, b.widens("max_abs"), noise.get("max_abs")) if mab is not None \
-        else (None, False)
-
-    cos = metrics.get("cosine")
-    if b.cosine is not None and cos is not None:
-        peak = max(ref_peak, float(metrics.get("got_max_abs") or 0.0))
-        zero = bound is not None and peak <= bound
-        own = noise.get("cosine")
-        gap, cos_by_noise = _noise_limit(1.0 - b.cosine, b.widens("cosine"), None if own is None else 1.0 - own)
-        limit = 1.0 - gap
-        failed = _bad(cos) or (not zero and cos < limit)
-        text = f"cosine {fmt_cosine(cos)} < {fmt_cosine(limit)}"
-        if cos_by_noise:
-            text += f" (1 - cosine over {_noise_words(b.noise, 1.0 - own, 'distance')})"
-        checks.append(Check("cosine", "cosine", value=cos, limit=limit,
-                            passed=None if zero and not failed else not failed,
-                            detail=text if failed else
-                            ("zero within the max-abs bound: no direction to compare" if zero else "")))
-
-    if bound is not None:
-        failed = _bad(mab) or mab > bound
-        text = f"max_abs {fmt_num(mab)} > {fmt_num(bound)}"
-        if by_noise:
-            text += f" = {_noise_words(b.noise, noise['max_abs'])}"
-        elif b.max_abs_rel is not None and (b.max_abs is None or bound > b.max_abs):
-            text += f" = {b.max_abs_rel:g} × max|ref| {ref_peak:.3g}"
-        checks.append(Check("max_abs", "max abs", value=mab, limit=bound, passed=not failed,
-                            detail=text if failed else ""))
-
-    within = metrics.get("within_5e-3")
-    if b.within is not None and within is not None:
-        own_off = noise.get("off")
-        if b.off_noise is not None and own_off is not None and not _bad(own_off):
-            off = 1.0 - within
-            limit = max(b.off_noise * own_off, OFF_FLOOR)
-            failed = _bad(off) or off > limit
-            checks.append(Check("within", "share off by 5‰, over the reference's own", value=off, limit=limit,
-                                passed=not failed, detail=(
-                                    f"off by 5‰ {off:.1%} > {limit:.1%} = {b.off_noise:g} × the reference's own "
-                                    f"share off its float64 twin {own_off:.1%}") if failed else ""))
-        else:
-            failed = _bad(within) or within < b.within
-            checks.append(Check("within", "share within 5‰", value=within, limit=b.within, passed=not failed,
-                                detail=f"within 5‰ {within:.1%} < {b.within:.0%}" if failed else ""))
-
-    top1 = metrics.get("top1")
-    if b.top1 is not None and top1 is not None:
-        ties = metrics.get("top1_ties")
-        if ties is not None and b.widens("top1") is not None:
-            decisive = metrics.get("top1_decisive")
-            positions = int(metrics.get("positions") or 0) - int(ties)
-            failed = decisive is not None and (_bad(decisive) or decisive < b.top1)
-            checks.append(Check("top1", "top-1 agreement off near ties", value=decisive, limit=b.top1,
-                                passed=None if decisive is None else not failed, detail=(
-                                    f"top1 {fmt_share(decisive)} < {fmt_share(b.top1)} over {positions} decisive "
-                                    f"positions ({ties} near ties within "
-                                    f"{fmt_num(metrics.get('top1_tie_margin'))})") if failed else
-                                ("every position is a near tie" if decisive is None else "")))
-        else:
-            failed = _bad(top1) or top1 < b.top1
-            checks.append(Check("top1", "top-1 agreement", value=top1, limit=b.top1, passed=not failed,
-                                detail=f"top1 {fmt_share(top1)} < {fmt_share(b.top1)}" if failed else ""))
-
-    kl = metrics.get("kl")
-    if b.kl is not None and kl is not None:
-        limit, kl_by_noise = _noise_limit(b.kl, b.widens("kl"), noise.get("kl"))
-        failed = _bad(kl) or kl > limit
-        text = f"kl {fmt_num(kl)} > {fmt_num(limit, 0) if not kl_by_noise else fmt_num(limit)}"
-        if kl_by_noise:
-            text += f" = {_noise_words(b.noise, noise['kl'], 'KL')}"
-        checks.append(Check("kl", "mean KL", value=kl, limit=limit, passed=not failed, detail=text if failed else ""))
-
-    share = metrics.get("match_share")
-    if b.match is not None and share is not None:
-        failed = share < b.match
-        checks.append(Check("match", "generation matching prefix", value=share, limit=b.match, passed=not failed,
-                            step=metrics.get("first_diff_step") if failed else None, detail=(
-                                f"generation differs at step {metrics.get('first_diff_step')} of "
-                                f"{metrics.get('steps')} (matching prefix {share:.0%} < {b.match:.0%})")
-                            if failed else ""))
+    for spec in _ORDER:
+        check = spec.check(metrics, b, noise)
+        if check is not None:
+            checks.append(check)
     return checks
 
 

@@ -1,6 +1,9 @@
 """Per-dtype pass criteria of `migrate diff`: the `Bounds` each kind of compared tensor is held to.
 
-`Thresholds.for_dtype("bf16")` gives the defaults below; `with_overrides` (the ``--max-abs``,
+`Bounds`' fields, their defaults, which kinds a kind-less override reaches and the values it
+may take are not written here: each bound is declared once in `judge.bounds`, beside its
+check, and this module builds the dataclass and the tables from those declarations.
+`Thresholds.for_dtype("bf16")` gives the defaults; `with_overrides` (the ``--max-abs``,
 ``--cosine``, ``--top1``, ``--kl`` flags) and `with_cli_overrides` (``--threshold
 KIND.NAME=VALUE``) replace some, checked by `migrate.judge.tolerances`. `judge.checks` applies
 them to a metrics dict.
@@ -12,65 +15,21 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from migrate.errors import MigrateError
-from migrate.judge.tolerances import AT_LEAST_0, Range, parse_spec, validated
 from migrate.dtype_names import canonical_dtype
+from migrate.errors import MigrateError
+from migrate.judge.bounds import KINDS, METRICS, OFF_FLOOR
+from migrate.judge.tolerances import Range, parse_spec, validated
 
 __all__ = ["KINDS", "OFF_FLOOR", "Bounds", "Thresholds", "fallback_factor"]
 
-KINDS = ("hidden", "logits", "loss", "grad", "param_after_step", "generation")
 
-
-@dataclass(frozen=True)
-class Bounds:
-    """Pass criteria for one kind of entry at one dtype. None = not checked.
-
-    * ``max_abs`` / ``max_abs_rel``: max|ref - got| must not exceed
-      ``max(max_abs, max_abs_rel * max|ref|)`` -- an absolute bound for tensors
-      of unit scale that grows with the tensor's peak magnitude, so it stays a
-      fixed number of ulps of the peak. With one of the two None only the
-      other applies.
-    * ``cosine``: cosine >= bound. Not checked when both sides' peak magnitude
-      is within ``max_abs`` (the tensor is zero at that tolerance and has no
-      direction to compare).
-    * ``top1``: share of positions with the same argmax >= bound (logits).
-    * ``kl``: mean KL(softmax(ref) || softmax(got)) <= bound (logits).
-    * ``match``: greedy generation; the share of steps before the first
-      differing token >= bound (1.0: identical generations).
-    * ``within``: share of elements within 5‰ relative error (the zero-safe
-      rule of `tensor_metrics`) >= bound. In low precision this catches a
-      systematic one-ulp drift -- an op computed in bf16 that HF computes in
-      fp32 -- which leaves the cosine near 1 but moves half of the elements.
-    A bound whose metric is absent from the metrics dict is not applied.
-
-    With a noise reference (`judge.noise`: the metrics carry ``noise``, the reference
-    side's own error against its float64 twin on the same inputs) two more apply:
-
-    * ``noise``: K. The max-abs bound, the cosine distance (1 - cosine) and the KL bound
-      each become the larger of their fixed value above and K x the reference's own figure,
-      and top-1 disagreements within 2 K x the reference's RMS logit error are near ties,
-      not judged. The fixed values stay as floors: where torch happens to be exact (an
-      embedding lookup) or a model is small, they decide as before.
-    * ``off_noise``: W, low precision only. The share of elements off by more than 5‰
-      between the two sides must be at most W x the share by which the reference is off
-      its float64 twin (at least `OFF_FLOOR`), replacing the fixed ``within`` share: a port
-      that rounds where HF rounds agrees with HF far better than HF agrees with exact
-      arithmetic; one that rounds elsewhere (a norm without the fp32 upcast) is an
-      independent low-precision computation and lands outside.
-    """
-
-    max_abs: float | None = None
-    max_abs_rel: float | None = None
-    cosine: float | None = None
-    top1: float | None = None
-    kl: float | None = None
-    match: float | None = None
-    within: float | None = None
-    noise: float | None = None
-    off_noise: float | None = None
-    fixed: frozenset = frozenset()   # bounds the user set: the noise reference does not widen them
+class _BoundsRules:
+    """What every `Bounds` does, whatever bounds are declared."""
 
     def max_abs_bound(self, ref_max_abs: float) -> float | None:
+        """max(max_abs, max_abs_rel x max|ref|): an absolute bound for tensors of unit scale that
+        grows with the tensor's peak magnitude, so it stays a fixed number of ulps of the peak.
+        With one of the two None only the other applies; None when neither is set."""
         if self.max_abs is None and self.max_abs_rel is None:
             return None
         parts = []
@@ -91,85 +50,28 @@ class Bounds:
         return d
 
 
-def _b(**kw) -> Bounds:
-    return Bounds(**kw)
+_BOUNDS_DOC = """Pass criteria for one kind of entry at one dtype, one field per bound declared in
+`judge.bounds` (its ``doc`` says what each holds). None = not checked; a bound whose metric is
+absent from the metrics dict is not applied. ``fixed``: the bounds the user set, which the noise
+reference does not widen."""
 
+Bounds = dataclasses.make_dataclass(
+    "Bounds", [(name, "float | None", dataclasses.field(default=None)) for name in METRICS]
+    + [("fixed", "frozenset", dataclasses.field(default=frozenset()))],
+    bases=(_BoundsRules,), frozen=True, namespace={"__doc__": _BOUNDS_DOC, "__module__": __name__})
 
-# The share of elements off by more than 5‰ a tensor may reach whatever its reference's own
-# share (an embedding lookup is exact in any precision on both sides: a few flips are allowed).
-OFF_FLOOR = 0.01
-
-# Noise factors, measured on SmolLM2-135M (30 layers, real weights; docs/DESIGN.md "Noise
-# reference"): the MindSpore-HF difference over HF's own error vs float64 reached 2.8 on
-# hidden states, 1.0 on logits and 2.0 on the loss in fp32, 1.9 in bf16; 11.6 on gradients
-# and 13.5 on parameters after one AdamW step (MindSpore's CPU kernels reduce over tokens in
-# another order than torch's). The faults worth finding sit at 100x and beyond.
-_K_FORWARD, _K_BACKWARD = 8.0, 32.0
-_W = 1.25
-
-# Defaults. Reference points from the field: Hugging Face's cross-framework tests
-# use max abs <= 1e-5 on outputs (fp32, tiny models); msprobe flags cosine < 0.99.
-# fp32: 1e-5 "in units of max(1, max|ref|)" and cosine >= 1 - 1e-5 everywhere;
-#       gradients are judged relative to their peak (1e-4 * max|ref|, floor 1e-7)
-#       because gradients of small models are often ~1e-3, where an absolute 1e-5
-#       would allow a 1 % error. Greedy generation must be identical.
-# bf16: no max-abs bound on tensors (8 mantissa bits: one ulp at 4.0 is 0.03);
-#       cosine >= 0.999, top-1 >= 0.99, KL <= 1e-2; gradients cosine >= 0.99;
-#       hidden states and logits: >= 90 % of elements within 5‰ (one bf16 ulp
-#       is 0.4-0.8 %), which a correct port meets and a missing fp32 upcast breaks.
-# fp16: in between (10 mantissa bits).
-# In bf16 / fp16 free-running generation is reported but not judged: one near-tie
-# flip changes every later token, so it measures luck more than correctness; the
-# teacher-forced top-1 / KL on the logits are the judged signal there.
-_F, _B = dict(noise=_K_FORWARD), dict(noise=_K_BACKWARD)
-_LOW = dict(noise=_K_FORWARD, off_noise=_W)
+# Per dtype and kind, from the declarations' defaults.
 _DEFAULTS: dict[str, dict[str, Bounds]] = {
-    "fp32": {
-        "hidden": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999, **_F),
-        "logits": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999, top1=0.999, kl=1e-7, **_F),
-        "loss": _b(max_abs=1e-5, max_abs_rel=1e-5, **_F),
-        "grad": _b(max_abs=1e-7, max_abs_rel=1e-4, cosine=0.99999, **_B),
-        "param_after_step": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999, **_B),
-        "generation": _b(max_abs=1e-5, max_abs_rel=1e-5, cosine=0.99999, top1=0.999, kl=1e-7,
-                         match=1.0, **_F),
-    },
-    "fp16": {
-        "hidden": _b(max_abs=1e-2, max_abs_rel=1e-2, cosine=0.9999, within=0.9, **_LOW),
-        "logits": _b(max_abs=1e-2, max_abs_rel=1e-2, cosine=0.9999, top1=0.995, kl=1e-3, within=0.9, **_LOW),
-        "loss": _b(max_abs=1e-3, max_abs_rel=1e-3, **_F),
-        "grad": _b(cosine=0.999, **_B),
-        "param_after_step": _b(cosine=0.9999, **_B),
-        "generation": _b(max_abs=1e-2, max_abs_rel=1e-2, cosine=0.9999, top1=0.995, kl=1e-3, **_F),
-    },
-    "bf16": {
-        "hidden": _b(cosine=0.999, within=0.9, **_LOW),
-        "logits": _b(cosine=0.999, top1=0.99, kl=1e-2, within=0.9, **_LOW),
-        "loss": _b(max_abs=1e-2, max_abs_rel=1e-2, **_F),
-        "grad": _b(cosine=0.99, **_B),
-        "param_after_step": _b(cosine=0.999, **_B),
-        "generation": _b(cosine=0.999, top1=0.99, kl=1e-2, **_F),
-    },
+    dt: {kind: Bounds(**{name: spec.defaults.get(dt, {}).get(kind) for name, spec in METRICS.items()})
+         for kind in KINDS}
+    for dt in ("fp32", "fp16", "bf16")
 }
-
 # Kinds a kind-less override reaches (a kind-specific override reaches its kind).
-_APPLIES_TO = {
-    "max_abs": KINDS,
-    "max_abs_rel": KINDS,
-    "cosine": ("hidden", "logits", "grad", "param_after_step", "generation"),
-    "top1": ("logits", "generation"),
-    "kl": ("logits", "generation"),
-    "match": ("generation",),
-    "within": ("hidden", "logits", "param_after_step", "generation"),
-    "noise": KINDS,
-    "off_noise": ("hidden", "logits", "param_after_step", "generation"),
-}
-
-
+_APPLIES_TO = {name: spec.reaches for name, spec in METRICS.items()}
 # Values an override may take ("threshold cosine must lie in [-1, 1]").
-_ALLOWED: dict[str, Range] = {
-    "max_abs": AT_LEAST_0, "max_abs_rel": AT_LEAST_0, "cosine": (-1.0, 1.0), "top1": (0.0, 1.0),
-    "kl": AT_LEAST_0, "match": (0.0, 1.0), "within": (0.0, 1.0), "noise": AT_LEAST_0, "off_noise": AT_LEAST_0,
-}
+_ALLOWED: dict[str, Range] = {name: spec.allowed for name, spec in METRICS.items()}
+# Bounds the noise reference widens unless the user set them.
+_WIDENED = frozenset(name for name, spec in METRICS.items() if spec.widened)
 
 
 @dataclass(frozen=True)
@@ -238,7 +140,7 @@ class Thresholds:
             }
             if fields:
                 current = getattr(self, k)
-                fixed = current.fixed | {f for f in fields if f in ("max_abs", "max_abs_rel", "cosine", "top1", "kl")}
+                fixed = current.fixed | {f for f in fields if f in _WIDENED}
                 if "max_abs" in fixed or "max_abs_rel" in fixed:
                     fixed |= {"max_abs", "max_abs_rel"}
                 changes[k] = dataclasses.replace(current, fixed=frozenset(fixed), **fields)
