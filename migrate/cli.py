@@ -94,7 +94,7 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_diff(args) -> int:
-    from migrate.align.faults import all_faults
+    from migrate.align.model_faults import all_faults
     from migrate.ui import console
 
     if args.list_faults:

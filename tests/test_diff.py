@@ -6,7 +6,7 @@ import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
 from migrate.align import run_diff
-from migrate.align.faults import FAULTS
+from migrate.align.model_faults import FAULTS
 from migrate.cli import main
 from migrate.convert import convert
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from migrate.align.adapters import attach_to_hf, attach_to_ms, load_adapter
-from migrate.align.faults import check_fault, parse_fault
+from migrate.align.model_faults import check_fault, parse_fault
 from migrate.align.hf_side import OUTPUTS, HFSide
 from migrate.probe.inputs import Inputs, decode, seeded_inputs, text_inputs
 from migrate.align.ms_side import MSSide
