@@ -11,7 +11,7 @@ included; times exclude the imports):
                       noise reference, the default) and with --reference none
   dump HF / MS        `migrate dump` in tensors mode and in statistics mode (HF: with its twin,
                       and once in tensors mode without)
-  diff dumps          `compare_any` on the two tensor dumps, and on the two statistics dumps
+  diff dumps          `diff_pair` on the two tensor dumps, and on the two statistics dumps
 
 and prints: diff wall time ÷ the two bare runs (load + forward), dump size, and peak RSS ÷
 one model's weights (fp32 bytes) per mode. Target: statistics mode peak RSS ≤ 1.3 × the
@@ -95,10 +95,10 @@ def run_child(spec: dict) -> dict:
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "bytes": result.bytes,
                 "records": result.records}
     if task == "diff_dumps":
-        from migrate.probe import compare_any
+        from migrate.probe import diff_pair
 
         started = time.perf_counter()
-        report = compare_any(spec["ref"], spec["got"])
+        report = diff_pair(spec["ref"], spec["got"])
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "passed": report.passed,
                 "verdict": report.verdict_text()}
     raise SystemExit(f"unknown task {task}")

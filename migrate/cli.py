@@ -106,7 +106,7 @@ def _cmd_diff(args) -> int:
         raise MigrateError("diff needs HF_DIR and MS_DIR")
     from migrate.cli_probe import diff
 
-    return diff(args)  # HF vs converted live (run_diff), or any other pair (compare_any)
+    return diff(args)  # HF vs converted live (run_diff), or any other pair (diff_pair)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """`migrate dump`, and `migrate diff` on any pair (an HF folder against its converted folder, dump
 folders, `module:factory`, a mapping file, statistics mode). Argument handling only:
 `migrate.probe.dumping.dump`, `migrate.align.runner.run_diff` and
-`migrate.probe.diff_any.compare_any` do the work. Wired into `migrate.cli`'s parser."""
+`migrate.probe.diff_any.diff_pair` do the work. Wired into `migrate.cli`'s parser."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -65,7 +65,7 @@ def add_diff_options(p) -> None:
 def live_pair(args) -> bool:
     """An HF folder against its converted folder, run live by `align.runner.run_diff` (faults,
     gradients, generation, adapters on top of probe's recording); every other pair -- and that
-    one with --mapping, --stats or --inputs -- goes through `probe.diff_any.compare_any`."""
+    one with --mapping, --stats or --inputs -- goes through `probe.diff_any.diff_pair`."""
     from migrate.probe.sides import side_kind
 
     kinds = [side_kind(s) for s in (args.hf_dir, args.ms_dir)]
@@ -109,7 +109,7 @@ def diff(args) -> int:
 def _diff_any(args, thresholds):
     """The report of `migrate diff` on a pair `live_pair` does not take (dumps, module:factory,
     --mapping, --stats, --inputs)."""
-    from migrate.probe.diff_any import compare_any
+    from migrate.probe.diff_any import diff_pair
     from migrate.probe.sides import side_kind
 
     kinds = [side_kind(s) for s in (args.hf_dir, args.ms_dir)]
@@ -117,7 +117,7 @@ def _diff_any(args, thresholds):
     if used:
         raise MigrateError(f"{', '.join(used)} need an HF folder and a converted folder (live); "
                            f"this pair is {' and '.join(kinds)}")
-    return compare_any(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
-                       seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
-                       mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
-                       inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference)
+    return diff_pair(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
+                     seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
+                     mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
+                     inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference)

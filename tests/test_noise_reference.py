@@ -18,7 +18,7 @@ from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.judge.twin import twin_refused
 from migrate.cli import main
 from migrate.convert import convert
-from migrate.probe import compare_any, dump
+from migrate.probe import diff_pair, dump
 from migrate.probe.dump_format import Dump
 
 
@@ -165,9 +165,9 @@ def test_a_torch_dump_carries_its_own_noise_and_the_diff_of_dumps_uses_it(tiny):
     assert all(isinstance(r.get("noise"), dict) for r in hf.records)
     assert not any("noise" in r for r in Dump(tiny / "d_hf_bare").records)
     assert Dump(tiny / "d_ms").manifest["reference"] == {"refused": "a MindSpore side has no float64 twin"}
-    both = compare_any(str(tiny / "d_hf"), str(tiny / "d_ms"), detail=True)
+    both = diff_pair(str(tiny / "d_hf"), str(tiny / "d_ms"), detail=True)
     assert both.passed and both.reference["source"] == TWIN and both.summary["headline"]["noise_entries"] > 0
-    bare = compare_any(str(tiny / "d_hf_bare"), str(tiny / "d_ms"), detail=True)
+    bare = diff_pair(str(tiny / "d_hf_bare"), str(tiny / "d_ms"), detail=True)
     assert bare.passed and bare.reference["source"] == "fallback" and "no float64 reference" in bare.verdict_text()
 
 
