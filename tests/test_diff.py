@@ -130,3 +130,18 @@ def test_text_without_tokenizer_is_a_clear_error(converted, capsys):
     hf_dir, ms_dir = converted["mha"]
     assert main(["diff", str(hf_dir), str(ms_dir), "--text", "hello"]) == 2
     assert "--text needs a tokenizer" in capsys.readouterr().err
+
+
+def test_the_callers_mindspore_mode_is_back_after_a_diff_and_a_dump(converted, tmp_path):
+    """`--mode graph` and the hooks' PyNative are scoped to the run (`models.mode.execution_mode`)."""
+    import mindspore as ms
+
+    from migrate.probe import dump
+
+    hf_dir, ms_dir = converted["tied"]
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert run_diff(hf_dir, ms_dir, batch=1, seq_len=4, mode="graph", reference="none").passed
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE
+    ms.set_context(mode=ms.GRAPH_MODE)
+    dump(str(ms_dir), tmp_path / "dump", batch=1, seq_len=4)
+    assert ms.get_context("mode") == ms.GRAPH_MODE
