@@ -13,8 +13,7 @@ from migrate.infer.batch import make_batch
 from migrate.infer.generate import generate
 from migrate.infer.runners import CachedRunner
 from migrate.infer.sampling import Sampling
-from migrate.models.loading import load_model
-from migrate.dtype_names import PRECISIONS
+from migrate.probe.sides import load_converted_model
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -23,9 +22,7 @@ def _as_numpy(t) -> np.ndarray:
 
 class MSSide:
     def __init__(self, ms_dir: Path, dtype: str, seed: int):
-        ms.set_seed(seed)
-        self.model, self.config = load_model(ms_dir, compute_dtype=PRECISIONS[dtype].compute)
-        self.model.set_train(False)  # dropout off
+        self.model, self.config = load_converted_model(ms_dir, dtype, seed)  # as probe opens it
         # What the model returns before its hidden states, by HF output name.
         self.outputs = tuple(getattr(type(self.model), "OUTPUTS", ("logits", "loss")))
         self.has_loss = "loss" in self.outputs

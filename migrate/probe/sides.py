@@ -111,14 +111,22 @@ def _hf_side(folder: Path, dtype: str, seed: int, keymap: str | None) -> Side:
                 config.get("pad_token_id") or 0)
 
 
-def _converted_side(folder: Path, dtype: str, seed: int) -> Side:
+def load_converted_model(folder: Path, dtype: str, seed: int):
+    """(model, config) of a converted folder: the bundled MindSpore model model.yaml names, computing
+    in `dtype`, dropout off. The mode is left alone: the hooks (`probe.hooks_ms`) scope PyNative to
+    the recorded run."""
     import mindspore as ms
 
     from migrate.models.loading import load_model
 
-    ms.set_seed(seed)  # the hooks (`probe.hooks_ms`) scope PyNative to the recorded run
+    ms.set_seed(seed)
     model, config = load_model(folder, compute_dtype=PRECISIONS[dtype].compute)
     model.set_train(False)
+    return model, config
+
+
+def _converted_side(folder: Path, dtype: str, seed: int) -> Side:
+    model, config = load_converted_model(folder, dtype, seed)
     return Side("MindSpore", "converted", str(folder), "mindspore", model, bundled_align(type(model)),
                 config.vocab_size, config.pad_token_id or 0)
 
