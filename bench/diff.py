@@ -7,11 +7,11 @@ measurement in a child process of its own (peak RSS is the child's own VmHWM, im
 included; times exclude the imports):
 
   bare HF / bare MS   load the model, one forward without hooks
-  diff live           `migrate.align.compare` (HF vs converted, live), with HF's float64 twin (the
+  diff live           `migrate.align.run_diff` (HF vs converted, live), with HF's float64 twin (the
                       noise reference, the default) and with --reference none
   dump HF / MS        `migrate dump` in tensors mode and in statistics mode (HF: with its twin,
                       and once in tensors mode without)
-  diff dumps          `compare_any` on the two tensor dumps, and on the two statistics dumps
+  diff dumps          `diff_pair` on the two tensor dumps, and on the two statistics dumps
 
 and prints: diff wall time ÷ the two bare runs (load + forward), dump size, and peak RSS ÷
 one model's weights (fp32 bytes) per mode. Target: statistics mode peak RSS ≤ 1.3 × the
@@ -70,7 +70,7 @@ def run_child(spec: dict) -> dict:
         convert(spec["hf"], spec["ms"], fmt="safetensors")
         return {"parameters": params}
     if task in ("bare_hf", "bare_ms"):
-        from migrate.align.inputs import seeded_inputs
+        from migrate.probe.inputs import seeded_inputs
         from migrate.probe.sides import call_model, open_side
 
         started = time.perf_counter()
@@ -81,10 +81,10 @@ def run_child(spec: dict) -> dict:
         import mindspore  # noqa: F401  (imports untimed, as in the bare runs)
         import transformers  # noqa: F401
 
-        from migrate.align import compare
+        from migrate.align import run_diff
 
         started = time.perf_counter()
-        report = compare(spec["hf"], spec["ms"], reference=spec.get("reference", "fp64"))
+        report = run_diff(spec["hf"], spec["ms"], reference=spec.get("reference", "fp64"))
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "passed": report.passed}
     if task == "dump":
         from migrate.probe import dump
@@ -95,10 +95,10 @@ def run_child(spec: dict) -> dict:
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "bytes": result.bytes,
                 "records": result.records}
     if task == "diff_dumps":
-        from migrate.probe import compare_any
+        from migrate.probe import diff_pair
 
         started = time.perf_counter()
-        report = compare_any(spec["ref"], spec["got"])
+        report = diff_pair(spec["ref"], spec["got"])
         return {"seconds": time.perf_counter() - started, "rss": _rss(), "passed": report.passed,
                 "verdict": report.verdict_text()}
     raise SystemExit(f"unknown task {task}")

@@ -159,7 +159,7 @@ def _inspect_arguments(p) -> None:
 
 @verb("diff", "run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
 def _cmd_diff(args) -> int:
-    from migrate.align.faults import all_faults
+    from migrate.align.model_faults import all_faults
     from migrate.ui import console
 
     if args.list_faults:
@@ -169,28 +169,9 @@ def _cmd_diff(args) -> int:
         return 0
     if not (args.hf_dir and args.ms_dir):
         raise MigrateError("diff needs HF_DIR and MS_DIR")
-    from migrate.cli_probe import diff_any
+    from migrate.cli_probe import diff
 
-    if (code := diff_any(args)) is not None:  # dumps, module:factory, --mapping, --stats
-        return code
-    from migrate.align.report import print_table, write_report
-    from migrate.align.runner import compare
-    from migrate.align.thresholds import Thresholds
-
-    thresholds = Thresholds.for_dtype(args.dtype).with_overrides(
-        None, max_abs=args.max_abs, cosine=args.cosine, top1=args.top1, kl=args.kl
-    ).with_cli_overrides(args.threshold or [])
-    report = compare(
-        args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
-        text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
-        inject=args.inject, thresholds=thresholds, keymap=args.keymap or args.src, mode=args.mode, lr=args.lr,
-        adapter=args.adapter, reference=args.reference,
-    )
-    print_table(report, console())
-    if args.report:
-        paths = write_report(report, args.report)
-        console().print(f"report: {', '.join(str(p) for p in paths.values())}")
-    return report.exit_code
+    return diff(args)  # HF vs converted live (run_diff), or any other pair (diff_pair)
 
 
 @arguments("diff")

@@ -1,6 +1,7 @@
-"""`migrate dump`, and `migrate diff` on any pair (dump folders, `module:factory`, a mapping
-file, statistics mode). Argument parsing only: `migrate.probe.dumping.dump` and
-`migrate.probe.diff_any.compare_any` do the work. Verbs declared at their handlers (`migrate.cli_verbs`)."""
+"""`migrate dump`, and `migrate diff` on any pair (an HF folder against its converted folder, dump
+folders, `module:factory`, a mapping file, statistics mode). Argument handling only:
+`migrate.probe.dumping.dump`, `migrate.align.runner.run_diff` and
+`migrate.probe.diff_any.diff_pair` do the work. Verbs declared at their handlers (`migrate.cli_verbs`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -62,21 +63,20 @@ def add_diff_options(p) -> None:
     p.add_argument("--inputs", metavar="FILE", help="token ids from migrate dump --inputs (live sides)")
 
 
-def diff_any(args) -> int | None:
-    """Exit code of `migrate diff` on a pair today's runner does not take, or None for
-    an HF folder against a converted folder (`migrate.align.runner`)."""
+def live_pair(args) -> bool:
+    """An HF folder against its converted folder, run live by `align.runner.run_diff` (faults,
+    gradients, generation, adapters on top of probe's recording); every other pair -- and that
+    one with --mapping, --stats or --inputs -- goes through `probe.diff_any.diff_pair`."""
     from migrate.probe.sides import side_kind
 
     kinds = [side_kind(s) for s in (args.hf_dir, args.ms_dir)]
-    if kinds == ["hf", "converted"] and not (args.mapping or args.stats or args.inputs):
-        return None
-    used = [f"--{o}" for o in _RUNNER_ONLY if getattr(args, o, None)]
-    if used:
-        raise MigrateError(f"{', '.join(used)} need an HF folder and a converted folder (live); "
-                           f"this pair is {' and '.join(kinds)}")
-    from migrate.align.report import print_table, write_report
-    from migrate.align.thresholds import Thresholds
-    from migrate.probe.diff_any import compare_any
+    return kinds == ["hf", "converted"] and not (args.mapping or args.stats or args.inputs)
+
+
+def diff(args) -> int:
+    """`migrate diff` on any pair: the report judged, printed and written, its exit code."""
+    from migrate.judge.report import print_table, write_report
+    from migrate.judge.thresholds import Thresholds
     from migrate.ui import console
 
     def thresholds(dtype: str) -> Thresholds:  # the dtype is the dumps' own when a side is a dump
@@ -84,17 +84,41 @@ def diff_any(args) -> int | None:
             None, max_abs=args.max_abs, cosine=args.cosine, top1=args.top1, kl=args.kl
         ).with_cli_overrides(args.threshold or [])
 
-    report = compare_any(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
-                         seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
-                         mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
-                         inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference)
     out = console()
-    for line in report.pairing.lines():
-        out.print(line, markup=False, highlight=False)
-    if report.extra.get("statistics"):
-        out.print(report.extra["statistics"], markup=False, highlight=False)
+    if live_pair(args):
+        from migrate.align.runner import run_diff
+
+        report = run_diff(
+            args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
+            text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
+            inject=args.inject, thresholds=thresholds(args.dtype), keymap=args.keymap or args.src, mode=args.mode,
+            lr=args.lr, adapter=args.adapter, reference=args.reference,
+        )
+    else:
+        report = _diff_any(args, thresholds)
+        for line in report.pairing.lines():
+            out.print(line, markup=False, highlight=False)
+        if report.extra.get("statistics"):
+            out.print(report.extra["statistics"], markup=False, highlight=False)
     print_table(report, out)
     if args.report:
         paths = write_report(report, Path(args.report))
         out.print(f"report: {', '.join(str(p) for p in paths.values())}")
     return report.exit_code
+
+
+def _diff_any(args, thresholds):
+    """The report of `migrate diff` on a pair `live_pair` does not take (dumps, module:factory,
+    --mapping, --stats, --inputs)."""
+    from migrate.probe.diff_any import diff_pair
+    from migrate.probe.sides import side_kind
+
+    kinds = [side_kind(s) for s in (args.hf_dir, args.ms_dir)]
+    used = [f"--{o}" for o in _RUNNER_ONLY if getattr(args, o, None)]
+    if used:
+        raise MigrateError(f"{', '.join(used)} need an HF folder and a converted folder (live); "
+                           f"this pair is {' and '.join(kinds)}")
+    return diff_pair(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
+                     seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
+                     mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
+                     inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference)

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from migrate.checkpoints import atomic as _atomic
-from migrate.align.report import (
+from migrate.judge.report import (
     REPORT_FILES,
     SCHEMA_VERSION,
     Entry,
@@ -21,7 +21,7 @@ from migrate.align.report import (
     read_report,
     write_report,
 )
-from migrate.align.thresholds import Thresholds
+from migrate.judge.thresholds import Thresholds
 from migrate.errors import MigrateError
 
 N_LAYERS = 5

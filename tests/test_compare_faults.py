@@ -1,7 +1,7 @@
 """`migrate compare` fails a short fp32 run with each injected training fault (issue #4).
 
 One golden PyTorch run, then the MindSpore trainer once clean and once per
-fault of `migrate.train.faults.TRAIN_FAULTS`, all from one run.yaml chosen so
+fault of `migrate.train.knob_faults.TRAIN_FAULTS`, all from one run.yaml chosen so
 that every fault shows in what the two sides measure:
 
   * the Llama has attention and MLP biases and weight decay is 0.3, so
@@ -27,7 +27,7 @@ from train_setup import load_golden, make_run_dir
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.train.config import RunConfig
-from migrate.train.faults import TRAIN_FAULTS
+from migrate.train.knob_faults import TRAIN_FAULTS
 from migrate.train.trainer import train
 
 golden = load_golden()

@@ -5,8 +5,8 @@ import json
 import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
-from migrate.align.faults import FAULTS
+from migrate.align import run_diff
+from migrate.align.model_faults import FAULTS
 from migrate.cli import main
 from migrate.convert import convert
 
@@ -27,13 +27,13 @@ def converted(tmp_path_factory):
 @pytest.mark.parametrize("variant", ["mha", "gqa", "tied"])
 def test_correct_conversion_passes_fp32_and_bf16(converted, variant):
     hf_dir, ms_dir = converted[variant]
-    fp32 = compare(hf_dir, ms_dir, detail=True, padded=True)
+    fp32 = run_diff(hf_dir, ms_dir, detail=True, padded=True)
     h = fp32.summary["headline"]
     print(f"\n[{variant} fp32] logits max abs {h['logits_max_abs']:.2e} · loss rel {h['loss_rel_diff']:.2e}")
     assert fp32.passed, fp32.first_divergence
     assert h["logits_max_abs"] <= 1e-5
 
-    bf16 = compare(hf_dir, ms_dir, dtype="bf16")
+    bf16 = run_diff(hf_dir, ms_dir, dtype="bf16")
     h = bf16.summary["headline"]
     print(f"[{variant} bf16] logits cosine {h['logits_cosine']:.6f} · top-1 {h['top1']:.2%}")
     assert bf16.passed, bf16.first_divergence
@@ -42,7 +42,7 @@ def test_correct_conversion_passes_fp32_and_bf16(converted, variant):
 
 def test_gradients_pair_up_and_pass_fp32(converted):
     hf_dir, ms_dir = converted["tied"]
-    report = compare(hf_dir, ms_dir, grads=True)
+    report = run_diff(hf_dir, ms_dir, grads=True)
     grads = [e for e in report.entries if e.kind == "grad"]
     after = [e for e in report.entries if e.kind == "param_after_step"]
     # 2 layers x 9 tensors + embedding + final norm; lm_head is tied to the embedding.
@@ -53,7 +53,7 @@ def test_gradients_pair_up_and_pass_fp32(converted):
 
 def test_greedy_generation_is_identical_for_32_tokens(converted):
     hf_dir, ms_dir = converted["gqa"]
-    report = compare(hf_dir, ms_dir, batch=1, seq_len=6, generate=32)
+    report = run_diff(hf_dir, ms_dir, batch=1, seq_len=6, generate=32)
     assert report.generation.first_diff_step is None
     assert report.generation.ref_tokens == report.generation.got_tokens
     assert len(report.generation.ref_tokens[0]) == 32
@@ -82,7 +82,7 @@ def test_every_registered_fault_has_an_expectation():
 def test_injected_fault_fails_at_the_right_place(converted, fault):
     variant, dtype, padded, block, layer = EXPECTED[fault]
     hf_dir, ms_dir = converted[variant]
-    report = compare(hf_dir, ms_dir, inject=fault, dtype=dtype, padded=padded)
+    report = run_diff(hf_dir, ms_dir, inject=fault, dtype=dtype, padded=padded)
     first = report.first_divergence
     print(f"\n[{fault}] {first.describe(first=True) if first else 'no divergence'}")
     assert not report.passed
@@ -119,7 +119,7 @@ def test_text_input_goes_through_the_folder_tokenizer(tmp_path):
         (tmp_path / "hf" / f.name).write_bytes(f.read_bytes())
     convert(tmp_path / "hf", tmp_path / "ms")
     assert (tmp_path / "ms" / "tokenizer.json").is_file()  # travels with the conversion
-    report = compare(tmp_path / "hf", tmp_path / "ms", text="The capital of France is", generate=4)
+    report = run_diff(tmp_path / "hf", tmp_path / "ms", text="The capital of France is", generate=4)
     assert report.passed
     assert "The capital of France is" in report.inputs
     assert report.generation.prompt == "The capital of France is"
@@ -130,3 +130,18 @@ def test_text_without_tokenizer_is_a_clear_error(converted, capsys):
     hf_dir, ms_dir = converted["mha"]
     assert main(["diff", str(hf_dir), str(ms_dir), "--text", "hello"]) == 2
     assert "--text needs a tokenizer" in capsys.readouterr().err
+
+
+def test_the_callers_mindspore_mode_is_back_after_a_diff_and_a_dump(converted, tmp_path):
+    """`--mode graph` and the hooks' PyNative are scoped to the run (`models.mode.execution_mode`)."""
+    import mindspore as ms
+
+    from migrate.probe import dump
+
+    hf_dir, ms_dir = converted["tied"]
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert run_diff(hf_dir, ms_dir, batch=1, seq_len=4, mode="graph", reference="none").passed
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE
+    ms.set_context(mode=ms.GRAPH_MODE)
+    dump(str(ms_dir), tmp_path / "dump", batch=1, seq_len=4)
+    assert ms.get_context("mode") == ms.GRAPH_MODE

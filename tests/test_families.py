@@ -12,7 +12,7 @@ from hf_fixtures import save_hf_model
 from ms_helpers import compare as compare_logits
 from ms_helpers import seeded_batch
 
-from migrate.align import compare
+from migrate.align import run_diff
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.convert import convert
 from migrate.errors import MigrateError
@@ -47,7 +47,7 @@ def test_family_converts_matches_hf_and_round_trips(tmp_path, case):
     if "window" in case:
         assert config.sliding_window == 4
 
-    report = compare(tmp_path / "hf", tmp_path / "ms", detail=True, grads=True)  # keymap from conversion.json
+    report = run_diff(tmp_path / "hf", tmp_path / "ms", detail=True, grads=True)  # keymap from conversion.json
     assert report.passed, report.first_divergence
 
     export(tmp_path / "ms", tmp_path / "back", keymap=family)
@@ -126,19 +126,19 @@ def test_gemma_from_auto_and_each_of_its_features_is_needed(tmp_path, capsys):
     assert main(["convert", "--src", "auto", str(src), str(tmp_path / "ms")]) == 0
     assert json.loads((tmp_path / "ms" / "conversion.json").read_text())["keymap"]["name"] == "hf_gemma"
     assert main(["keymap", "check", "hf_gemma", "--hf", str(src)]) == 0
-    assert compare(src, tmp_path / "ms", detail=True).passed
+    assert run_diff(src, tmp_path / "ms", detail=True).passed
     capsys.readouterr()
     assert main(["export", "--src", "hf_llama", str(tmp_path / "ms"), str(tmp_path / "as_llama")]) == 2
     assert "cannot export as hf_llama: model has scale_embeddings=True" in capsys.readouterr().err
 
     for flag, first in (("scale_embeddings", "embedding output"), ("rms_norm_unit_offset", "layer 0 attention")):
         faulty = _copy_with_model_yaml(tmp_path / "ms", tmp_path / f"no_{flag}", **{flag: False})
-        report = compare(src, faulty, detail=True)
+        report = run_diff(src, faulty, detail=True)
         print(f"\n[gemma without {flag}] {report.verdict_text()}")
         assert not report.passed
         assert report.summary["first_divergence"]["name"] == first
 
-    report = compare(src, tmp_path / "ms", dtype="bf16", inject="rmsnorm_no_upcast")
+    report = run_diff(src, tmp_path / "ms", dtype="bf16", inject="rmsnorm_no_upcast")
     print(f"\n[gemma bf16 rmsnorm_no_upcast] {report.verdict_text()}")
     assert not report.passed and report.summary["first_divergence"]["name"] == "layer 0 attention"
     assert report.summary["headline"]["logits_cosine"] > 0.9999
@@ -172,7 +172,7 @@ def test_gemma_fused_targets_diff_and_round_trip(tmp_path, target):
 
     src = save_hf_model(build_family_model("hf_gemma", seed=25), tmp_path / "hf")
     assert main(["convert", "--src", "hf_gemma", "--target", target, str(src), str(tmp_path / "ms")]) == 0
-    report = compare(src, tmp_path / "ms")
+    report = run_diff(src, tmp_path / "ms")
     assert report.passed and report.summary["headline"]["logits_max_abs"] <= 1e-5
     assert main(["export", str(tmp_path / "ms"), str(tmp_path / "back")]) == 0
     with open_hf_checkpoint(src) as a, open_hf_checkpoint(tmp_path / "back") as b:
@@ -235,7 +235,7 @@ def test_gpt2_and_bert_convert_diff_and_round_trip(tmp_path, case):
     load_model(tmp_path / "ms")  # every parameter filled, none left over
     assert result.tensors == len(manifest["tensors"])
 
-    report = compare(tmp_path / "hf", tmp_path / "ms", detail=True, padded=True)
+    report = run_diff(tmp_path / "hf", tmp_path / "ms", detail=True, padded=True)
     h = report.summary["headline"]
     figure = h["logits_max_abs"] if h["logits_max_abs"] is not None else h["last_hidden_max_abs"]
     print(f"\n[{case}] {report.verdict_text()}")
@@ -303,7 +303,7 @@ def test_gpt2_hub_layout_without_prefix_and_with_mask_buffers(tmp_path):
     convert(folder, tmp_path / "ms", keymap="auto")
     manifest = json.loads((tmp_path / "ms" / "conversion.json").read_text())
     assert len(manifest["ignored"]) == 2 * hf.config.n_layer
-    report = compare(folder, tmp_path / "ms")
+    report = run_diff(folder, tmp_path / "ms")
     assert report.passed and report.summary["headline"]["logits_max_abs"] <= 1e-5
     export(tmp_path / "ms", tmp_path / "back")
     with open_hf_checkpoint(tmp_path / "back") as back:

@@ -12,7 +12,7 @@ import torch
 import yaml
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
+from migrate.align import run_diff
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.cli import main
@@ -135,16 +135,16 @@ def test_fused_model_passes_diff(converted):
     case, hf, src, root = converted
     if case == "gqa":
         for target in ("qkv_concat", "mcore"):
-            report = compare(src, root / target, detail=True, grads=target == "qkv_concat")
+            report = run_diff(src, root / target, detail=True, grads=target == "qkv_concat")
             h = report.summary["headline"]
             print(f"\n[{case} {target}] {report.verdict_text()}")
             assert report.passed, report.first_divergence or report.first_grad_divergence
             assert h["logits_max_abs"] <= 1e-5
     else:  # bf16 source: compare in fp32 (parameters upcast exactly), then in bf16
-        report = compare(src, root / "mcore", dtype="fp32")
+        report = run_diff(src, root / "mcore", dtype="fp32")
         print(f"\n[{case} mcore fp32] {report.verdict_text()}")
         assert report.passed and report.summary["headline"]["logits_max_abs"] <= 1e-5
-        report = compare(src, root / "mcore", dtype="bf16")
+        report = run_diff(src, root / "mcore", dtype="bf16")
         print(f"[{case} mcore bf16] {report.verdict_text()}")
         assert report.passed
 
@@ -183,7 +183,7 @@ def test_llama_family_keymaps_inherit_the_targets(tmp_path, family):
     names = set(ms_tensors(tmp_path / "ms"))
     assert ("decoder.layers.0.self_attention.linear_qkv.bias" in names) == (family == "hf_qwen2")
     assert "decoder.layers.0.self_attention.linear_proj.bias" not in names
-    report = compare(src, tmp_path / "ms")
+    report = run_diff(src, tmp_path / "ms")
     assert report.passed and report.summary["headline"]["logits_max_abs"] <= 1e-5
     assert main(["export", str(tmp_path / "ms"), str(tmp_path / "back")]) == 0
     before, after = hf_tensors(src), hf_tensors(tmp_path / "back")

@@ -4,8 +4,8 @@ refused in one line (it would pass unseen)."""
 import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
-from migrate.align.faults import FAULTS, GRAD_FAULTS
+from migrate.align import run_diff
+from migrate.align.model_faults import FAULTS, GRAD_FAULTS
 from migrate.cli import main
 from migrate.convert import convert
 
@@ -26,7 +26,7 @@ def test_gradient_faults_are_their_own_registry():
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_mlp_gradient_scaled_in_one_layer_is_located_there(converted, layer):
     hf_dir, ms_dir = converted
-    report = compare(hf_dir, ms_dir, grads=True, inject=f"mlp_grad_scale@{layer}")
+    report = run_diff(hf_dir, ms_dir, grads=True, inject=f"mlp_grad_scale@{layer}")
     assert report.first_divergence is None  # the forward is untouched
     first = report.first_grad_divergence
     assert not report.passed and first is not None

@@ -4,7 +4,7 @@ from train_setup import load_cfg, make_run_dir
 
 from migrate.errors import MigrateError
 from migrate.train.config import LossScaleConfig
-from migrate.train.faults import TRAIN_FAULTS
+from migrate.train.knob_faults import TRAIN_FAULTS
 from migrate.train.hparams import format_report, hparams_report, probe_torch_clip_eps
 
 

@@ -141,14 +141,14 @@ def test_terminal_styles_rows_and_prints_the_verdict_last():
 
 def test_the_judge_and_its_clients_load_without_a_framework():
     code = ("import sys, migrate.judge.terminal, migrate.judge.html, migrate.judge.markdown, migrate.judge.plot, "
-            "migrate.judge.jsonfile, migrate.align.report, migrate.align.checks, migrate.compare; "
+            "migrate.judge.jsonfile, migrate.judge.report, migrate.judge.checks, migrate.compare; "
             "print(sorted(m for m in ('torch', 'mindspore', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_diff_and_compare_decide_through_the_same_verdict(tmp_path):
-    from migrate.align.report import Report
+    from migrate.judge.report import Report
     from migrate.compare import compare_runs
 
     empty = Report()

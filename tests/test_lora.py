@@ -16,7 +16,7 @@ from transformers import LlamaForCausalLM
 
 import migrate.align.runner as runner
 from migrate.align.adapters import attach_to_ms, load_adapter
-from migrate.align.runner import compare
+from migrate.align.runner import run_diff
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.cli import main
 from migrate.convert import convert
@@ -136,11 +136,11 @@ def test_a_peft_adapter_imports_merges_and_exports(models, tmp_path):
 def test_diff_with_an_adapter_on_both_sides(models, tmp_path, monkeypatch):
     peft_model(models / "hf", ["q_proj", "v_proj"]).save_pretrained(tmp_path / "peft")
     for dtype in ("fp32", "bf16"):
-        report = compare(models / "hf", models / "ms_qkv_concat", adapter=tmp_path / "peft", dtype=dtype)
+        report = run_diff(models / "hf", models / "ms_qkv_concat", adapter=tmp_path / "peft", dtype=dtype)
         assert report.exit_code == 0, report.verdict_line() if hasattr(report, "verdict_line") else ""
     # Negative control: the adapter on the MindSpore side alone.
     monkeypatch.setattr(runner, "attach_to_hf", lambda model, adapter, sites: None)
-    assert compare(models / "hf", models / "ms_qkv_concat", adapter=tmp_path / "peft").exit_code == 1
+    assert run_diff(models / "hf", models / "ms_qkv_concat", adapter=tmp_path / "peft").exit_code == 1
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The noise reference of `migrate diff` (`migrate.align.reference`): bounds widen to the reference's
+"""The noise reference of `migrate diff` (`migrate.judge.noise`): bounds widen to the reference's
 own error against its float64 twin, never below the fixed bounds; low precision holds the share of
 elements off by 5‰ to the reference's own; top-1 forgives near ties; the fallback scales for depth
 and width and says so; dumps carry the noise of the side that was twinned."""
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
-from migrate.align.checks import tensor_checks
-from migrate.align.metrics import logits_metrics
-from migrate.align.reference import TWIN, noise_figures, tie_margin
-from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds, fallback_factor
-from migrate.align.twin import twin_refused
+from migrate.align import run_diff
+from migrate.judge.checks import tensor_checks
+from migrate.judge.metrics import logits_metrics
+from migrate.judge.noise import TWIN, noise_figures, tie_margin
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
+from migrate.judge.twin import twin_refused
 from migrate.cli import main
 from migrate.convert import convert
-from migrate.probe import compare_any, dump
+from migrate.probe import diff_pair, dump
 from migrate.probe.dump_format import Dump
 
 
@@ -138,7 +138,7 @@ def tiny(tmp_path_factory):
 
 
 def test_live_diff_judges_every_tensor_against_the_twin(tiny):
-    report = compare(tiny / "hf", tiny / "ms", detail=True, grads=True)
+    report = run_diff(tiny / "hf", tiny / "ms", detail=True, grads=True)
     assert report.passed
     assert report.reference["source"] == TWIN
     assert all("noise" in e.metrics for e in report.entries if e.kind != "generation")
@@ -165,9 +165,9 @@ def test_a_torch_dump_carries_its_own_noise_and_the_diff_of_dumps_uses_it(tiny):
     assert all(isinstance(r.get("noise"), dict) for r in hf.records)
     assert not any("noise" in r for r in Dump(tiny / "d_hf_bare").records)
     assert Dump(tiny / "d_ms").manifest["reference"] == {"refused": "a MindSpore side has no float64 twin"}
-    both = compare_any(str(tiny / "d_hf"), str(tiny / "d_ms"), detail=True)
+    both = diff_pair(str(tiny / "d_hf"), str(tiny / "d_ms"), detail=True)
     assert both.passed and both.reference["source"] == TWIN and both.summary["headline"]["noise_entries"] > 0
-    bare = compare_any(str(tiny / "d_hf_bare"), str(tiny / "d_ms"), detail=True)
+    bare = diff_pair(str(tiny / "d_hf_bare"), str(tiny / "d_ms"), detail=True)
     assert bare.passed and bare.reference["source"] == "fallback" and "no float64 reference" in bare.verdict_text()
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from hf_fixtures import build_hf_model, save_hf_model
 
-from migrate.align import compare
-from migrate.align.faults import FAULTS
-from migrate.align.inputs import seeded_inputs
+from migrate.align import run_diff
+from migrate.align.model_faults import FAULTS
+from migrate.probe.inputs import seeded_inputs
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
-from migrate.probe import compare_any, record
+from migrate.probe import diff_pair, record
 from migrate.probe.dump_format import Dump
 from migrate.probe.inputs_file import inputs_bytes
 from migrate.probe.pairing import load_mapping, pair
@@ -102,8 +102,8 @@ def _located(report, name: str) -> None:
 
 
 def test_dumps_from_other_processes_reproduce_the_live_verdict(world):
-    live = compare(world / "hf", world / "ms", padded=True, seq_len=SEQ, detail=True)
-    dumped = compare_any(str(world / "d_hf"), str(world / "d_ms"), detail=True)
+    live = run_diff(world / "hf", world / "ms", padded=True, seq_len=SEQ, detail=True)
+    dumped = diff_pair(str(world / "d_hf"), str(world / "d_ms"), detail=True)
     assert live.passed and dumped.passed
     _same(live, dumped)
     assert Dump(world / "d_hf").manifest["inputs"]["sha256"] == Dump(world / "d_ms").manifest["inputs"]["sha256"]
@@ -113,13 +113,13 @@ def test_a_tensor_dump_against_a_statistics_dump_passes_the_clean_pair(world):
     """Mixed modes: the tensor dump is summarised on the fly, its 0-d loss included (safe_open
     hands a 0-d tensor back as (1,), which once failed the loss on shape alone)."""
     for ref, got in (("d_hf_stats", "d_ms"), ("d_hf", "hand_clean_stats")):
-        report = compare_any(str(world / ref), str(world / got), detail=True)
+        report = diff_pair(str(world / ref), str(world / got), detail=True)
         assert report.passed, (ref, got, [e.name for e in report.entries if not e.passed])
 
 
 def test_hand_port_pairs_with_hf_without_a_mapping_file(world):
     os.environ["HAND_PORT_FAULT"] = ""
-    live = compare_any(str(world / "hf"), HAND, inputs_file=world / "in.npz", detail=True)
+    live = diff_pair(str(world / "hf"), HAND, inputs_file=world / "in.npz", detail=True)
     print("\n" + "\n".join(live.pairing.lines()) + "\n" + live.verdict_text())
     assert live.passed
     pairing = live.pairing.to_dict()
@@ -129,20 +129,20 @@ def test_hand_port_pairs_with_hf_without_a_mapping_file(world):
         ("mlp", "blocks.{layer}.ffn", "high"), ("layer output", "blocks.{layer}", "high"),
         ("final norm", "norm", "high")}
     assert "attn.qkv" in pairing["unpaired"]["got"]  # fused: no single HF module of its shape
-    _same(live, compare_any(str(world / "d_hf"), str(world / "hand_clean"), detail=True))
-    stats = compare_any(str(world / "d_hf_stats"), str(world / "hand_clean_stats"), detail=True)
+    _same(live, diff_pair(str(world / "d_hf"), str(world / "hand_clean"), detail=True))
+    stats = diff_pair(str(world / "d_hf_stats"), str(world / "hand_clean_stats"), detail=True)
     assert stats.passed and "statistics mode" in stats.extra["statistics"]
 
 
 @pytest.mark.parametrize("name", HOOKED)
 def test_hooked_fault_in_hand_port_is_located(world, name):
     os.environ["HAND_PORT_FAULT"] = _spec(name)
-    live = compare_any(str(world / "hf"), HAND, inputs_file=world / "in.npz", detail=True)
+    live = diff_pair(str(world / "hf"), HAND, inputs_file=world / "in.npz", detail=True)
     _located(live, name)
-    dumped = compare_any(str(world / "d_hf"), str(world / f"hand_{name}"), detail=True)
+    dumped = diff_pair(str(world / "d_hf"), str(world / f"hand_{name}"), detail=True)
     _same(live, dumped)
     # Statistics mode, the HF side a statistics dump, the port live on the dump's inputs.
-    stats = compare_any(str(world / "d_hf_stats"), HAND, detail=True)
+    stats = diff_pair(str(world / "d_hf_stats"), HAND, detail=True)
     _located(stats, name)
     print(f"\n{name}: {live.first_divergence.location} · statistics mode: {stats.first_divergence.location} "
           f"({stats.first_divergence.reason})")
@@ -150,7 +150,7 @@ def test_hooked_fault_in_hand_port_is_located(world, name):
 
 def test_nan_is_named_in_tensor_and_statistics_mode(world):
     for ref, got in (("d_hf", "hand_nan_mlp"), ("d_hf_stats", "hand_nan_mlp_stats")):
-        report = compare_any(str(world / ref), str(world / got), detail=True)
+        report = diff_pair(str(world / ref), str(world / got), detail=True)
         assert not report.passed
         assert "NaN in HF PyTorch dump" not in report.verdict_text()
         assert "NaN in MindSpore" in report.verdict_text() and "from layer 1 · mlp output" in report.verdict_text()
@@ -159,12 +159,12 @@ def test_nan_is_named_in_tensor_and_statistics_mode(world):
 def test_fault_on_the_pytorch_side_of_two_user_models(world):
     os.environ["HAND_PORT_FAULT"] = ""
     os.environ["TORCH_FAULT"] = ""
-    clean = compare_any(TORCH, HAND, detail=True)
+    clean = diff_pair(TORCH, HAND, detail=True)
     assert clean.passed and set(clean.pairing.methods.values()) == {"automatic pairing (order, shapes, names)"}
     os.environ["TORCH_FAULT"] = "1"
     try:
         for statistics in (False, True):
-            report = compare_any(TORCH, HAND, detail=True, statistics=statistics)
+            report = diff_pair(TORCH, HAND, detail=True, statistics=statistics)
             assert not report.passed
             assert report.first_divergence.location == "layer 1 · mlp output", report.first_divergence.location
     finally:

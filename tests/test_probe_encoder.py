@@ -5,7 +5,7 @@ all-MiniLM-L6-v2 conversion at the embedding output (cosine 0.91)."""
 from family_fixtures import build_family_model, save_hf_model
 
 from migrate.convert import convert
-from migrate.probe import compare_any, dump
+from migrate.probe import diff_pair, dump
 from migrate.probe.dump_format import Dump
 
 
@@ -16,7 +16,7 @@ def test_bert_dumps_pair_by_the_bundled_table_and_pass(tmp_path):
     dump(str(tmp_path / "hf"), tmp_path / "d_hf", inputs_file=ids)
     dump(str(tmp_path / "ms"), tmp_path / "d_ms", inputs_file=ids)
     assert Dump(tmp_path / "d_ms").manifest["align"]["embedding"] == "embeddings"
-    report = compare_any(str(tmp_path / "d_hf"), str(tmp_path / "d_ms"), detail=True)
+    report = diff_pair(str(tmp_path / "d_hf"), str(tmp_path / "d_ms"), detail=True)
     assert report.passed, report.first_divergence and report.first_divergence.describe()
     names = [e.name for e in report.entries]
     assert names[0] == "embedding output" and names[-1] == "last hidden state" and "logits" not in names

@@ -3,8 +3,8 @@ one (so a failure it reports is real), it catches what the four statistics miss,
 bf16 the L2 check fails a drifted tensor."""
 import numpy as np
 
-from migrate.align.metrics import tensor_metrics
-from migrate.align.report import Report
+from migrate.judge.metrics import tensor_metrics
+from migrate.judge.report import Report
 from migrate.probe.diff_any import _add_stats
 from migrate.probe.pairing import Point
 from migrate.probe.stats import stats_metrics, tensor_stats

@@ -7,7 +7,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from migrate.align.faults import FAULTS
+from migrate.align.model_faults import FAULTS
 from migrate.models.base import EMULATED_SITES, F32, PrecisionPolicy, model_precision
 from migrate.models.common import Linear, TiedHead
 from migrate.models.config import LlamaConfig
@@ -16,7 +16,7 @@ from migrate.models.llama import LlamaForCausalLM
 from migrate.parallel.layout import Layout
 from migrate.parallel.strategy import ShardedLinearKernel, assign_strategies
 from migrate.train.config import RunConfig
-from migrate.train.faults import TRAIN_FAULTS, apply_faults
+from migrate.train.knob_faults import TRAIN_FAULTS, apply_faults
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, shared_record
 from migrate.train.precision import AUTOCAST_SITES, autocast_model, compute_dtype

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
-from migrate.align.runner import compare
+from migrate.align.runner import run_diff
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.cli import main
 from migrate.convert import convert
@@ -56,7 +56,7 @@ def test_both_sides_get_the_same_new_rows(run_dir):
 def test_resized_hf_converts_to_the_same_checkpoint_and_diffs(run_dir):
     convert(run_dir / "hf_r", run_dir / "ms_c")
     assert (run_dir / "ms_c" / "model.ckpt").read_bytes() == (run_dir / "ms_r" / "model.ckpt").read_bytes()
-    report = compare(run_dir / "hf_r", run_dir / "ms_r")
+    report = run_diff(run_dir / "hf_r", run_dir / "ms_r")
     assert report.exit_code == 0, report.verdict
 
 

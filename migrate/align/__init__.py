@@ -1,19 +1,18 @@
-"""Numerical alignment of a reference model and its converted counterpart.
+"""Numerical alignment of an HF model and its converted MindSpore counterpart (`migrate diff`).
 
-`migrate diff` is a client of `migrate.judge`: `metrics` compares plain numpy arrays
-(any float dtype, bf16 included), `thresholds` holds the per-dtype bounds, `checks`
-turns metrics into the judge's checks, and `report` collects the judged entries in
-forward / backward order, finds the first divergence and renders the report in every
-format. None of them knows anything about PyTorch or MindSpore: the runner that feeds
-them (`runner`, `hf_side`, `ms_side`, `faults`) lives beside them.
+A client of `migrate.judge`, which measures (`judge.metrics`), bounds (`judge.thresholds`),
+judges (`judge.checks`) and reports (`judge.report`) without knowing PyTorch or MindSpore.
+What lives here feeds it: `runner` (the live diff), `hf_side` / `ms_side` (the two models),
+`faults` (known bugs `--inject` plants), `adapters` (`--adapter`), `optimizer_reference`
+(torch's AdamW step for `--grads`).
 """
 
 
 def __getattr__(name):
-    # `migrate.align.compare` is the public entry point; imported lazily so the
-    # framework-free metrics/report modules load without torch or MindSpore.
-    if name == "compare":
-        from migrate.align.runner import compare
+    # `migrate.align.run_diff` is the public entry point; imported lazily so that importing the
+    # package (its adapters, its faults' list) does not load torch and MindSpore.
+    if name == "run_diff":
+        from migrate.align.runner import run_diff
 
-        return compare
+        return run_diff
     raise AttributeError(name)

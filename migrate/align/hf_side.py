@@ -1,8 +1,9 @@
 """The reference side of `migrate diff`: HF's own PyTorch model, of the class its
 config.json names (`architectures`: GPT2LMHeadModel, BertModel, BertForMaskedLM, ...).
 
-Intermediate outputs are read with forward hooks on the modules the keymap's
-`align` table names, so nothing about HF's module tree is written here.
+Its forward is recorded by probe's hooks on the modules the keymap's `align` table names
+(`probe.live`), so nothing about HF's module tree is written here; this side adds the
+gradients and the greedy generation of `--grads` and `--generate`.
 """
 from __future__ import annotations
 
@@ -13,19 +14,8 @@ import numpy as np
 import torch
 
 from migrate.checkpoints.dtypes import torch_to_numpy
-from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
-from migrate.hf_config import read_raw_config
-
-TORCH_DTYPES = {p.name: getattr(torch, p.compute) for p in PRECISIONS.values()}  # "bf16" -> torch.bfloat16
-# Model outputs compared after the hidden states, by HF's ModelOutput attribute name
-# (the bundled models return them in their `OUTPUTS` order): report name and kind.
-OUTPUTS = {
-    "logits": ("logits", "logits"),
-    "loss": ("loss", "loss"),
-    "last_hidden_state": ("last hidden state", "hidden"),
-    "pooler_output": ("pooled output", "hidden"),
-}
+from migrate.probe.sides import load_hf_model
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -35,59 +25,21 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 class HFSide:
-    def __init__(self, hf_dir: Path, dtype: str, align: dict[str, str], num_layers: int, seed: int):
-        from transformers.utils import logging as hf_logging
+    """HF's model (`probe.sides.load_hf_model`) for what only the HF-vs-converted diff does: the
+    gradients, the greedy generation. Its forward is recorded by `probe.live` like any side's."""
 
-        hf_logging.disable_progress_bar()  # the report is the output; no loading bars
-        torch.manual_seed(seed)
-        model_class = _model_class(hf_dir)
-        try:
-            # Eager attention: softmax in fp32 and an explicit additive mask, the
-            # formulation the bundled model reproduces.
-            self.model = model_class.from_pretrained(
-                str(hf_dir), dtype=TORCH_DTYPES[dtype], attn_implementation="eager", local_files_only=True
-            )
-        except Exception as exc:
-            raise MigrateError(f"transformers cannot load {hf_dir}: {str(exc).strip().splitlines()[0]}") from None
-        self.model.eval()  # dropout off
-        self._attach(_hook_points(align, num_layers))
-
-    def _attach(self, points) -> None:
+    def __init__(self, hf_dir: Path, dtype: str, align: dict[str, str], seed: int):
+        if not align:
+            raise MigrateError("keymap has no align table: migrate diff cannot pair hidden states")
+        self.model = load_hf_model(hf_dir, dtype, seed)  # eager attention, dropout off
         self.takes_labels = "labels" in inspect.signature(self.model.forward).parameters
         self.can_generate = bool(getattr(self.model, "can_generate", lambda: False)())
-        self.points = points
-        modules = dict(self.model.named_modules())
-        missing = [path for _, _, path in self.points if path not in modules]
-        if missing:
-            raise MigrateError(f"HF model has no module {missing[0]} (keymap align table)")
-        self._captured: dict[str, torch.Tensor] = {}
-        for _, _, path in self.points:
-            modules[path].register_forward_hook(self._hook(path))
-
-    def _hook(self, path: str):
-        def capture(_module, _args, output):
-            self._captured[path] = output[0] if isinstance(output, tuple) else output
-        return capture
 
     def _run(self, inputs, labels: bool):
         ids = torch.from_numpy(inputs.ids)
         mask = None if inputs.mask is None else torch.from_numpy(inputs.mask)
         extra = {"labels": torch.from_numpy(inputs.labels)} if labels and self.takes_labels else {}
         return self.model(input_ids=ids, attention_mask=mask, **extra)
-
-    def forward(self, inputs, detail: bool):
-        """(hidden states [(block, layer, array)], outputs [(HF output name, array or float)])."""
-        self._captured.clear()
-        with torch.no_grad():
-            out = self._run(inputs, labels=True)
-        hidden = [(block, layer, _as_numpy(self._captured[path])) for block, layer, path in self.points
-                  if detail or block not in ("attention", "mlp")]
-        outputs = []
-        for name in OUTPUTS:
-            value = getattr(out, name, None)
-            if value is not None:
-                outputs.append((name, float(value) if name == "loss" else _as_numpy(value)))
-        return hidden, outputs
 
     def gradients(self, inputs) -> tuple[float, dict[str, np.ndarray]]:
         self.model.zero_grad(set_to_none=True)
@@ -107,28 +59,3 @@ class HFSide:
                                       min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=None,
                                       pad_token_id=0, repetition_penalty=1.0)
         return out[0, ids.shape[1]:].tolist()
-
-
-def _model_class(hf_dir: Path):
-    """The transformers class config.json's `architectures` names; a causal LM when it names none."""
-    import transformers
-
-    for arch in read_raw_config(hf_dir).get("architectures") or []:
-        cls = getattr(transformers, arch, None)
-        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
-            return cls
-    return transformers.AutoModelForCausalLM
-
-
-def _hook_points(align: dict[str, str], num_layers: int) -> list[tuple[str, int | None, str]]:
-    """(block, layer, HF module path) in forward order; "final norm" only where the
-    model has one (BertModel's last hidden state is its last layer's output)."""
-    if not align:
-        raise MigrateError("keymap has no align table: migrate diff cannot pair hidden states")
-    points = [("embedding", None, align["embedding"])]
-    for i in range(num_layers):
-        for block in ("attention", "mlp", "layer output"):
-            points.append((block, i, align[block].replace("{layer}", str(i))))
-    if "final norm" in align:
-        points.append(("final norm", None, align["final norm"]))
-    return points

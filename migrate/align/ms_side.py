@@ -1,5 +1,7 @@
 """The converted side of `migrate diff`: the bundled MindSpore model (the class
-model.yaml names), called with keyword arguments so that every bundled model fits."""
+model.yaml names), called with keyword arguments so that every bundled model fits. Its forward
+is recorded by probe's hooks (`probe.live`); this side adds the gradients, the AdamW step and
+the greedy generation of `--grads` and `--generate`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +9,11 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
-from migrate.errors import MigrateError
 from migrate.infer.batch import make_batch
 from migrate.infer.generate import generate
 from migrate.infer.runners import CachedRunner
 from migrate.infer.sampling import Sampling
-from migrate.models.loading import load_model
-from migrate.dtype_names import PRECISIONS
+from migrate.probe.sides import load_converted_model
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -22,13 +22,10 @@ def _as_numpy(t) -> np.ndarray:
 
 class MSSide:
     def __init__(self, ms_dir: Path, dtype: str, seed: int):
-        ms.set_seed(seed)
-        self.model, self.config = load_model(ms_dir, compute_dtype=PRECISIONS[dtype].compute)
-        self.model.set_train(False)  # dropout off
+        self.model, self.config = load_converted_model(ms_dir, dtype, seed)  # as probe opens it
         # What the model returns before its hidden states, by HF output name.
         self.outputs = tuple(getattr(type(self.model), "OUTPUTS", ("logits", "loss")))
         self.has_loss = "loss" in self.outputs
-        self.has_final_norm = True  # set by the runner from the keymap's align table
 
     def _tensors(self, inputs):
         ids = ms.Tensor(inputs.ids.astype(np.int32))
@@ -39,26 +36,6 @@ class MSSide:
     def _call(self, ids, mask, labels, output_hidden_states=False):
         extra = {"labels": labels} if self.has_loss else {}
         return self.model(ids, attention_mask=mask, output_hidden_states=output_hidden_states, **extra)
-
-    def forward(self, inputs, detail: bool):
-        """(hidden states [(block, layer, array)], outputs [(HF output name, array or float)])."""
-        ids, mask, labels = self._tensors(inputs)
-        *values, hidden = self._call(ids, mask, labels, "detail" if detail else True)
-        blocks = self.hidden_blocks(detail)
-        if len(blocks) != len(hidden):
-            raise MigrateError(f"the model returns {len(hidden)} hidden states where the keymap's align "
-                               f"table pairs {len(blocks)}")
-        outputs = [(name, float(v.asnumpy()) if name == "loss" else _as_numpy(v))
-                   for name, v in zip(self.outputs, values) if v is not None]
-        return [(b, layer, _as_numpy(h)) for (b, layer), h in zip(blocks, hidden)], outputs
-
-    def hidden_blocks(self, detail: bool) -> list[tuple[str, int | None]]:
-        """(block, layer) of each entry the model returns for output_hidden_states."""
-        blocks = [("embedding", None)]
-        per_layer = ("attention", "mlp", "layer output") if detail else ("layer output",)
-        for i in range(self.config.num_layers):
-            blocks += [(b, i) for b in per_layer]
-        return blocks + ([("final norm", None)] if self.has_final_norm else [])
 
     def gradients(self, inputs) -> tuple[float, dict[str, np.ndarray]]:
         ids, mask, labels = self._tensors(inputs)

@@ -1,35 +1,38 @@
 """`migrate diff`: run the HF model and the converted MindSpore model on the same
-inputs and compare them tensor by tensor. `compare` returns the `Report`;
-the CLI only prints and writes it.
+inputs and compare them tensor by tensor. `run_diff` returns the `Report`;
+the CLI only prints and writes it. MindSpore's execution mode is scoped to the run
+(`models.mode.execution_mode`): the caller's mode is back when it returns.
 """
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
-import mindspore as ms
 import numpy as np
 import torch
 
 from migrate.align.adapters import attach_to_hf, attach_to_ms, load_adapter
-from migrate.align.faults import check_fault, parse_fault
-from migrate.align.hf_side import OUTPUTS, HFSide
-from migrate.align.inputs import Inputs, decode, seeded_inputs, text_inputs
+from migrate.align.model_faults import check_fault, parse_fault
+from migrate.align.hf_side import HFSide
+from migrate.probe.inputs import Inputs, decode, seeded_inputs, text_inputs
+from migrate.probe.live import paired_forward
+from migrate.probe.sides import Side, bundled_align
 from migrate.align.ms_side import MSSide
 from migrate.align.optimizer_reference import torch_adamw_step
-from migrate.align.reference import TWIN
-from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds, fallback_factor
-from migrate.align.twin import REFERENCES, float64_in_place, twin_refused
+from migrate.judge.noise import TWIN
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
+from migrate.judge.twin import REFERENCES, float64_in_place, twin_refused
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
+from migrate.models.mode import execution_mode
 
 ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
-def compare(
+def run_diff(
     hf_dir: str | Path,
     ms_dir: str | Path,
     *,
@@ -50,7 +53,7 @@ def compare(
     adapter: str | Path | None = None,
     reference: str = "fp64",
 ) -> Report:
-    """`reference`: "fp64" runs HF's model a second time in float64 (`align.reference`) and widens
+    """`reference`: "fp64" runs HF's model a second time in float64 (`judge.noise`) and widens
     every bound to the reference's own error, unless the float64 copy would not fit in memory;
     "none" judges on the fixed bounds scaled for depth and width (`thresholds.fallback_factor`)."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
@@ -70,23 +73,26 @@ def compare(
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    if fault:
-        ms.set_context(mode=ms.PYNATIVE_MODE)  # faults patch Python methods
+    with execution_mode("pynative" if fault else mode):  # faults patch Python methods: PyNative
+        return _run(hf_dir, ms_dir, dtype=dtype, batch=batch, seq_len=seq_len, seed=seed, text=text,
+                    padded=padded, detail=detail, grads=grads, generate=generate, fault=fault,
+                    thresholds=thresholds, keymap=keymap, mode=mode, lr=lr, adapter=adapter, reference=reference)
 
+
+def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padded, detail, grads, generate,
+         fault, thresholds, keymap, mode, lr, adapter, reference) -> Report:
     ms_side = MSSide(ms_dir, dtype, seed)
     config = ms_side.config
     # The variant and target the folder was converted with (model.yaml records them).
     km = Keymap.load(keymap or recorded_keymap(ms_dir)).for_model(config.to_dict())
     plan = ConversionPlan(km, config)  # pairs gradients and parameters by name
-    ms_side.has_final_norm = "final norm" in km.align
     if grads and not ms_side.has_loss:
         raise MigrateError(f"--grads needs a model with a loss; {type(ms_side.model).__name__} has none")
     layer = None
     if fault:
         layer = check_fault(fault[0], config, dtype, padded, fault[1], grads=grads)
         fault[0].apply(ms_side, layer)
-    hf_side = HFSide(hf_dir, dtype, km.align, config.num_layers, seed)
+    hf_side = HFSide(hf_dir, dtype, km.align, seed)
     if adapter is not None:  # the same LoRA adapter on both sides (migrate.align.adapters)
         if grads:
             raise MigrateError("--grads with --adapter is not supported; compare the forward and --generate")
@@ -97,7 +103,7 @@ def compare(
         raise MigrateError(f"--generate needs a generative model; {type(hf_side.model).__name__} is not one")
     thresholds = thresholds or Thresholds.for_dtype(dtype)
     why_not = twin_refused(hf_side.model, reference, in_place=True)
-    twin = None if why_not else hf_side  # run again in float64 in place (`align.twin`)
+    twin = None if why_not else hf_side  # run again in float64 in place (`judge.twin`)
     if why_not:
         factor = fallback_factor(config.num_layers, getattr(config, "hidden_size", None))
         thresholds, ref_info = thresholds.scaled(factor), {"source": "fallback", "factor": factor, "why": why_not}
@@ -118,7 +124,10 @@ def compare(
                **({"inject": fault[0].name, "inject_layer": layer, "expected_block": fault[0].block}
                   if fault else {})},
     )
-    _forward(report, hf_side, ms_side, inputs, detail, twin)
+    sides = (Side("HF PyTorch", "hf", str(hf_dir), "torch", hf_side.model, dict(km.align)),   # probe's protocol
+             Side("MindSpore", "converted", str(ms_dir), "mindspore", ms_side.model,
+                  bundled_align(type(ms_side.model))))
+    _forward(report, hf_side, ms_side, inputs, detail, twin, sides)
     if grads:
         _backward(report, hf_side, ms_side, inputs, plan, lr, twin)
     if generate:
@@ -134,33 +143,17 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
     return array[inputs.valid]
 
 
-def _forward(report, hf_side, ms_side, inputs, detail, twin) -> None:
-    hf_hidden, hf_outputs = hf_side.forward(inputs, detail)
-    ms_hidden, ms_outputs = ms_side.forward(inputs, detail)
-    ex_hidden, ex_outputs = [None] * len(hf_hidden), []
-    if twin:
-        with float64_in_place(twin.model):
-            ex_hidden, ex_outputs = twin.forward(inputs, detail)
-    names = {"embedding": "embedding output", "final norm": "final norm output"}
-    for (block, layer, ref), (block2, layer2, got), exact in zip(hf_hidden, ms_hidden, ex_hidden):
-        assert (block, layer) == (block2, layer2), "hook points and model outputs disagree"
-        name = names.get(block) or f"layer {layer} {block}"
-        report.add(name, _valid(ref, inputs), _valid(got, inputs), kind="hidden", layer=layer,
-                   block="layer output" if block == "layer output" else block,
-                   exact=None if exact is None else _valid(exact[2], inputs))
-    hf_out, ms_out, ex_out = dict(hf_outputs), dict(ms_outputs), dict(ex_outputs)
-    if set(hf_out) != set(ms_out):
-        raise MigrateError(f"the models return different outputs: HF {', '.join(hf_out)}, "
-                           f"MindSpore {', '.join(ms_out)}")
-    for key, (name, kind) in OUTPUTS.items():  # logits, loss, last hidden state, pooled output
-        if key in hf_out:
-            ref, got, exact = hf_out[key], ms_out[key], ex_out.get(key)
-            if kind == "loss":
-                report.add(name, np.array(ref), np.array(got), kind="loss",
-                           exact=None if exact is None else np.array(exact))
-            else:
-                report.add(name, _valid(ref, inputs), _valid(got, inputs), kind=kind,
-                           exact=None if exact is None else _valid(exact, inputs))
+def _forward(report, hf_side, ms_side, inputs, detail, twin, sides) -> None:
+    """The forward through probe's side protocol: both models recorded by the same hooks and
+    paired by their block tables (`probe.live`), as `migrate diff` does on any pair."""
+    ref, got = sides
+    for c in paired_forward(ref, got, inputs, num_layers=ms_side.config.num_layers, detail=detail,
+                            twin=twin is not None):
+        if c.kind == "loss":
+            report.add(c.name, c.ref, c.got, kind="loss", exact=c.exact)
+        else:
+            report.add(c.name, _valid(c.ref, inputs), _valid(c.got, inputs), kind=c.kind, layer=c.layer,
+                       block=c.block, exact=None if c.exact is None else _valid(c.exact, inputs))
 
 
 def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) -> None:

@@ -5,7 +5,7 @@ the same stop, pad and repetition-penalty settings. Judged through `migrate.judg
 must be identical (`match`: the first differing step, row and ids otherwise) and every step's raw
 logits (HF's `output_logits`) must agree within `migrate diff`'s logits bounds (fp32: max abs
 1e-5 in units of the peak beyond 1, cosine, top-1, KL), widened to K x HF's own error against its
-float64 twin run along the same tokens (`align.reference`), up to the first differing token, after
+float64 twin run along the same tokens (`judge.noise`), up to the first differing token, after
 which the two runs read different sequences.
 
 Sampling: both frameworks draw from their own random generator, so HF cannot draw our tokens by
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from migrate.align.checks import tensor_checks
-from migrate.align.metrics import generation_metrics, logits_metrics
-from migrate.align.reference import noise_figures, tie_margin
-from migrate.align.thresholds import Thresholds
-from migrate.align.twin import float64_in_place, twin_refused
+from migrate.judge.checks import tensor_checks
+from migrate.judge.metrics import generation_metrics, logits_metrics
+from migrate.judge.noise import noise_figures, tie_margin
+from migrate.judge.thresholds import Thresholds
+from migrate.judge.twin import float64_in_place, twin_refused
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.infer.batch import Batch
@@ -157,7 +157,7 @@ def _worse(a: Check, b: Check) -> bool:
 def _twin_logits(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, pad_id, along: np.ndarray,
                  reference: str) -> list[np.ndarray] | None:
     """HF's model in float64 following the sequence `along` (HF's own tokens, or ours when sampling):
-    each step's exact logits, the noise reference of every step (`align.reference`); None where the
+    each step's exact logits, the noise reference of every step (`judge.noise`); None where the
     float64 copy does not fit or is not wanted."""
     if not steps or twin_refused(model, reference, in_place=True):
         return None

@@ -1,8 +1,14 @@
-"""The judge: how `migrate diff` and `migrate compare` turn figures into verdicts and print them.
+"""The judge: how `migrate diff`, `migrate generate --compare-hf` and `migrate compare` turn figures
+into verdicts and print them.
 
-Framework-free (no torch, no MindSpore). Its two clients keep what they measure and the
-rules they hold it to -- `migrate.align` the tensor metrics and per-dtype thresholds,
-`migrate.compare` the curve statistics and rules -- and share the rest:
+Framework-free at import (no torch, no MindSpore; `twin` imports torch inside its functions).
+Everything that judges two tensors lives here, below every tool that produces them
+(`migrate.align`, `migrate.probe`, `migrate.infer`): `metrics` (tensor, logits and generation
+metrics on numpy arrays), `thresholds` (the per-dtype `Bounds`), `checks` (metrics held to their
+bounds), `noise` (the reference's own error against its float64 twin) and `twin` (running a torch
+model in float64 in place), and `report` (the judged entries of `migrate diff`, the first
+divergence, the report in every format). `migrate.compare` keeps its curve statistics and
+rules and shares the rest:
 
 - `verdict`: `Check` (one figure, its bound, passed / failed / not judged and why, the first
   step out) and `Verdict` (pass, exit code, first failure, the verdict line);

@@ -1,7 +1,7 @@
 """Overriding bounds: how every user-supplied tolerance is read and validated.
 
 Each client keeps its bounds in a frozen dataclass with per-dtype defaults (`for_dtype`):
-`migrate diff`'s `align.thresholds.Thresholds`, `migrate compare`'s
+`migrate diff`'s `judge.thresholds.Thresholds`, `migrate compare`'s
 `compare.tolerances.Tolerances`. Overrides arrive as keyword values (None keeps the
 default, ``math.inf`` disables a bound) or, on the command line, as ``NAME=VALUE`` /
 ``KIND.NAME=VALUE`` strings; both are validated here, so a typo or an out-of-range bound is

@@ -17,7 +17,7 @@ True (embedding output, each decoder layer's output, final-norm output) or
 residual add); `LlamaForCausalLM.hidden_names(...)` names the entries.
 
 Seams: one forward, and the places other concerns plug into it instead of
-restating it (each replaced by type, e.g. by `migrate.align.faults`):
+restating it (each replaced by type, e.g. by `migrate.align.model_faults`):
 
   precision     every cell computes under a `PrecisionPolicy` (`migrate.models.base`):
                 emulated low precision on CPU by default, torch.autocast's policy

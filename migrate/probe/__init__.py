@@ -8,13 +8,13 @@
           model(ids)
 
 - `dump`: `migrate dump` (one side on the shared inputs, a dump folder);
-- `compare_any`: `migrate diff` on any two of: HF folder, converted folder,
+- `diff_pair`: `migrate diff` on any two of: HF folder, converted folder,
   `module:factory`, dump folder.
 
 No module here imports torch or MindSpore at load time: `hooks_torch` / `hooks_ms` and a
 side's model load when a side of theirs is opened or hooked.
 """
-from migrate.probe.diff_any import compare_any
+from migrate.probe.diff_any import diff_pair
 from migrate.probe.dumping import dump, record
 
-__all__ = ["compare_any", "dump", "record"]
+__all__ = ["diff_pair", "dump", "record"]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.align.inputs import Inputs, seeded_inputs
-from migrate.align.reference import TWIN
-from migrate.align.report import Report
-from migrate.align.thresholds import Thresholds, fallback_factor
+from migrate.probe.inputs import Inputs, seeded_inputs
+from migrate.judge.noise import TWIN
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.judge import fmt_num
@@ -64,11 +64,11 @@ class _Opened:
         return read_inputs(path)
 
 
-def compare_any(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: int = 2, seq_len: int = 16,
-                padded: bool = False, detail: bool = False, statistics: bool = False,
-                mapping: str | Path | None = None, thresholds=None,
-                keymap: str | None = None, inputs_file: str | Path | None = None,
-                dtype_given: bool = False, reference: str = "fp64") -> Report:
+def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: int = 2, seq_len: int = 16,
+              padded: bool = False, detail: bool = False, statistics: bool = False,
+              mapping: str | Path | None = None, thresholds=None,
+              keymap: str | None = None, inputs_file: str | Path | None = None,
+              dtype_given: bool = False, reference: str = "fp64") -> Report:
     """`reference`: "fp64" runs a live torch side's float64 twin (`probe.twin`); a dump brings the
     noise it recorded. Where neither side has one, the fixed bounds scale for depth and width."""
     sides = [_Opened(spec, side_kind(spec)) for spec in (ref, got)]

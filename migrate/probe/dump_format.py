@@ -10,7 +10,7 @@
                        shape, dtype, file (the safetensors file holding it; null in statistics
                        mode), in statistics mode stats (`probe.stats.tensor_stats`), and for a
                        torch side dumped with its float64 twin (the default) noise: the tensor's
-                       own error against the twin (`align.reference.noise_figures`)
+                       own error against the twin (`judge.noise.noise_figures`)
       inputs.npz       the ids / mask / labels fed (`probe.inputs_file`)
       tensors-00001.safetensors, ...   tensors mode: float32, named by record key; a file is
                        closed at about 256 MiB so memory holds one file's worth at most

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from migrate import __version__
-from migrate.align.inputs import Inputs, seeded_inputs
+from migrate.probe.inputs import Inputs, seeded_inputs
 from migrate.checkpoints.atomic import atomic_output_dir, atomic_write_bytes
 from migrate.errors import MigrateError
 from migrate.probe.dump_format import INPUTS, DumpWriter

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.align.inputs import Inputs
+from migrate.probe.inputs import Inputs
 from migrate.errors import MigrateError
 
 

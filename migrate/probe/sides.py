@@ -71,21 +71,38 @@ def open_side(spec: str, dtype: str, seed: int, keymap: str | None = None) -> Si
     raise MigrateError(f"{spec} is a dump, not a model")
 
 
-def _hf_side(folder: Path, dtype: str, seed: int, keymap: str | None) -> Side:
+def hf_model_class(folder: Path):
+    """The transformers class config.json's `architectures` names; a causal LM when it names none."""
+    import transformers
+
+    for arch in read_raw_config(folder).get("architectures") or []:
+        cls = getattr(transformers, arch, None)
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return transformers.AutoModelForCausalLM
+
+
+def load_hf_model(folder: Path, dtype: str, seed: int):
+    """HF's own model of `folder` in `dtype`, dropout off. Eager attention: softmax in fp32 and an
+    explicit additive mask, the formulation the bundled models reproduce."""
     import torch
     from transformers.utils import logging as hf_logging
 
-    from migrate.align.hf_side import TORCH_DTYPES, _model_class
-
-    hf_logging.disable_progress_bar()  # the dump / report is the output
+    hf_logging.disable_progress_bar()  # the dump / report is the output; no loading bars
     torch.manual_seed(seed)
-    config = read_raw_config(folder)
+    compute = getattr(torch, PRECISIONS[dtype].compute)  # "bf16" -> torch.bfloat16
     try:
-        model = _model_class(folder).from_pretrained(str(folder), dtype=TORCH_DTYPES[dtype],
-                                                     attn_implementation="eager", local_files_only=True)
+        model = hf_model_class(folder).from_pretrained(str(folder), dtype=compute,
+                                                       attn_implementation="eager", local_files_only=True)
     except Exception as exc:
         raise MigrateError(f"transformers cannot load {folder}: {clip(str(exc).strip().splitlines()[0])}") from None
     model.eval()
+    return model
+
+
+def _hf_side(folder: Path, dtype: str, seed: int, keymap: str | None) -> Side:
+    config = read_raw_config(folder)
+    model = load_hf_model(folder, dtype, seed)
     try:
         align = dict(resolve(keymap or "auto", config).align) or None
     except MigrateError:
@@ -94,15 +111,22 @@ def _hf_side(folder: Path, dtype: str, seed: int, keymap: str | None) -> Side:
                 config.get("pad_token_id") or 0)
 
 
-def _converted_side(folder: Path, dtype: str, seed: int) -> Side:
+def load_converted_model(folder: Path, dtype: str, seed: int):
+    """(model, config) of a converted folder: the bundled MindSpore model model.yaml names, computing
+    in `dtype`, dropout off. The mode is left alone: the hooks (`probe.hooks_ms`) scope PyNative to
+    the recorded run."""
     import mindspore as ms
 
     from migrate.models.loading import load_model
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)  # hooks run in PyNative
     ms.set_seed(seed)
     model, config = load_model(folder, compute_dtype=PRECISIONS[dtype].compute)
     model.set_train(False)
+    return model, config
+
+
+def _converted_side(folder: Path, dtype: str, seed: int) -> Side:
+    model, config = load_converted_model(folder, dtype, seed)
     return Side("MindSpore", "converted", str(folder), "mindspore", model, bundled_align(type(model)),
                 config.vocab_size, config.pad_token_id or 0)
 
@@ -142,10 +166,7 @@ def _user_side(spec: str, seed: int) -> Side:
         framework = "torch"
         model.eval()
     elif "mindspore" in roots:
-        import mindspore as ms
-
         framework = "mindspore"
-        ms.set_context(mode=ms.PYNATIVE_MODE)
         model.set_train(False)
     else:
         raise MigrateError(f"{spec} returned a {type(model).__name__}, neither a torch.nn.Module nor a "
@@ -198,11 +219,14 @@ def call_model(side: Side, inputs) -> Any:
             return side.model(ids, **kwargs)
     import mindspore as ms
 
+    from migrate.models.mode import execution_mode
+
     def tensor(a):
         return ms.Tensor(a.astype(np.int32))
 
     kwargs = _keywords(side.model.construct, inputs, tensor)
-    return side.model(tensor(inputs.ids), **kwargs)
+    with execution_mode("pynative"):  # as recorded: hooks run in PyNative
+        return side.model(tensor(inputs.ids), **kwargs)
 
 
 def _keywords(forward, inputs, tensor) -> dict:

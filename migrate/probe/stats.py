@@ -79,7 +79,7 @@ def _rel(a: float, b: float, scale: float) -> float:
 
 
 def stats_metrics(ref: Mapping[str, Any], got: Mapping[str, Any]) -> dict:
-    """Metrics of two summaries, in `align.metrics.tensor_metrics`' keys where they have a
+    """Metrics of two summaries, in `judge.metrics.tensor_metrics`' keys where they have a
     meaning (``max_abs`` as the lower bound above, ``ref_max_abs``, NaN/Inf counts) and the
     statistics' relative differences (``rel_min`` … ``rel_l2``, ``stats_max_rel``) besides.
     Cosine, max rel and the within-shares need the full tensors: absent (not judged)."""

@@ -1,5 +1,5 @@
 """The float64 twin of a torch side, recorded: the noise reference of dumps and live diffs on
-any pair (`migrate.align.reference`).
+any pair (`migrate.judge.noise`).
 
 `twin_recording` runs the model in float64 -- the very weights the side computes with, upcast in
 place and cast back after (exact) -- on the same inputs under the same recording hooks and keeps
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from migrate.align.reference import TWIN, noise_figures
-from migrate.align.twin import float64_in_place, twin_refused
+from migrate.judge.noise import TWIN, noise_figures
+from migrate.judge.twin import float64_in_place, twin_refused
 from migrate.probe.hooks import hooks
 from migrate.probe.recording import ROOT, MemoryRecording, valid_rows
 

@@ -22,7 +22,7 @@ from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap
 from migrate.models.loading import load_model
 from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
 from migrate.train.config import RunConfig
-from migrate.train.faults import apply_faults, check_faults
+from migrate.train.knob_faults import apply_faults, check_faults
 from migrate.train.health import HealthWatch
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
@@ -106,7 +106,7 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
         keymap = model_config_from_hf(cfg.require("hf_model"))[0].for_model(model_config.to_dict())
     else:
         keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
-    # The knobs come from the config; an injected fault adjusts them (migrate.train.faults).
+    # The knobs come from the config; an injected fault adjusts them (migrate.train.knob_faults).
     knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
     opt = cfg.optimizer
     lora = None

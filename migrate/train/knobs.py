@@ -1,7 +1,7 @@
 """The settings of a MindSpore run that a careless port gets wrong, as one value.
 
     knobs = TrainingKnobs.from_config(cfg)       # torch's semantics, from the run config
-    knobs = apply_faults(knobs, ["adam_eps"])    # migrate.train.faults: each adjusts its knob
+    knobs = apply_faults(knobs, ["adam_eps"])    # migrate.train.knob_faults: each adjusts its knob
 
 `building.build_training` builds the optimizer, micro-step, clipper and schedule
 from these knobs and nothing else, so an injected fault changes a live object

@@ -58,7 +58,7 @@ per call) -- on a CPU an achievable-peak estimate, not a datasheet figure;
 pass the datasheet number for accelerators. The figure used and its source go
 to effective_hparams.json.
 
-Faults (`migrate.train.faults`) change one live object each, for tests of
+Faults (`migrate.train.knob_faults`) change one live object each, for tests of
 `migrate hparams` and `migrate compare`.
 
 Several processes (`parallel`, a `migrate.parallel.runtime.ParallelRun`, set
@@ -97,7 +97,7 @@ from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, sav
 from migrate.train.ckpt_files import RNG_FILE
 from migrate.train.config import RunConfig
 from migrate.train.dist_ckpt import layout_record, slice_table, write_optimizer_shard
-from migrate.train.faults import check_faults
+from migrate.train.knob_faults import check_faults
 from migrate.train.health import HealthWatch, StepFacts
 from migrate.train.health_log import HealthLog, replay
 from migrate.train.lora_run import check_checkpoint_base
@@ -124,7 +124,7 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
 
     resume: a checkpoint folder, or a run folder (its `latest`); the run goes on
     exactly where that checkpoint left off. mode: "graph" (default) or
-    "pynative". faults: names from `migrate.train.faults.TRAIN_FAULTS`.
+    "pynative". faults: names from `migrate.train.knob_faults.TRAIN_FAULTS`.
     peak_flops: the MFU denominator (None: the config's peak_flops, else measured;
     see the module docstring).
     log: called with one text line per step. stop_after: end the loop after

@@ -22,7 +22,7 @@ The runner feeds a `Report` in the order it computes things::
     rep.finalize()
     print_table(rep); write_report(rep, out_dir)
 
-Each entry is judged when added (`align.checks.tensor_checks` with ``rep.thresholds``).
+Each entry is judged when added (`judge.checks.tensor_checks` with ``rep.thresholds``).
 Forward entries are ranked in the order added; backward entries (gradients,
 parameters after the step) too, so add them in backward order -- or pass
 ``order=`` explicitly, smaller first.
@@ -50,7 +50,7 @@ Non-finite floats are written as the strings "nan", "inf", "-inf", so the
 file is strict JSON; `Report.from_dict` turns them back into floats.
 
 NaN / Inf: any non-finite element in any compared tensor, on either side,
-fails its entry (`align.checks`). ``summary.nonfinite`` names the first such
+fails its entry (`judge.checks`). ``summary.nonfinite`` names the first such
 tensor -- forward entries first, in forward order, then backward entries in
 backward order -- with each side's NaN / Inf counts and first positions
 (``at``: indices into the compared tensor) and how many tensors hold any;
@@ -68,11 +68,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from migrate import __version__
-from migrate.align.checks import nonfinite_count, nonfinite_summary, nonfinite_text, tensor_checks
-from migrate.align.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
-from migrate.align.reference import TWIN, error_figures, error_ratio, noise_figures, tie_margin
-from migrate.align.report.entries import DIRECTIONS, Entry, Generation, layer_of
-from migrate.align.thresholds import KINDS, Thresholds
+from migrate.judge.checks import nonfinite_count, nonfinite_summary, nonfinite_text, tensor_checks
+from migrate.judge.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
+from migrate.judge.noise import TWIN, error_figures, error_ratio, noise_figures, tie_margin
+from migrate.judge.report.entries import DIRECTIONS, Entry, Generation, layer_of
+from migrate.judge.thresholds import KINDS, Thresholds
 from migrate.errors import MigrateError
 from migrate.jsonsafe import jsonable as _jsonable
 from migrate.judge import Check, Verdict, fmt_cosine, fmt_num
@@ -110,7 +110,7 @@ class Report:
     versions: dict = field(default_factory=dict)
     thresholds: Thresholds | None = None
     extra: dict = field(default_factory=dict)
-    # where the bounds came from (`align.reference`): {"source": "float64 twin", "of": label} for a
+    # where the bounds came from (`judge.noise`): {"source": "float64 twin", "of": label} for a
     # measured noise reference, {"source": "fallback", "factor": f, "why": text} for the scaled
     # fixed bounds, {} for the fixed bounds as they are
     reference: dict = field(default_factory=dict)
@@ -174,7 +174,7 @@ class Report:
         """Compare two arrays (`logits_metrics` for logits / generation kinds,
         `tensor_metrics` otherwise), judge and append. Returns the entry.
 
-        The noise reference (`align.reference`): `exact`, the reference's float64 twin's tensor,
+        The noise reference (`judge.noise`): `exact`, the reference's float64 twin's tensor,
         or `noise`, its figures measured elsewhere (a dump); the bounds then widen to the
         reference's own error, and with `exact` the other side's own error is measured too."""
         if kind not in KINDS:

@@ -40,7 +40,12 @@ Rules (all documented values are module constants):
 * Shape mismatch is not an exception: the result carries ``error`` and is
   judged as failed.
 
-What passes: `align.thresholds` holds the per-dtype bounds, `align.checks` applies them.
+* Declared figures. A bound declared in `judge.bounds` with a ``compute(ref, got)`` adds its
+  figures to every `tensor_metrics` result (and so to `logits_metrics`'), computed on the two
+  arrays as given.
+
+What passes: `judge.bounds` declares each bound with its check, `judge.thresholds` holds the
+per-dtype bounds, `judge.checks` applies them.
 """
 from __future__ import annotations
 
@@ -48,6 +53,8 @@ import math
 from typing import Any
 
 import numpy as np
+
+from migrate.judge.bounds import METRICS
 
 __all__ = [
     "NONFINITE_POSITIONS",
@@ -256,6 +263,9 @@ def tensor_metrics(ref: Any, got: Any) -> dict:
         "nonfinite_mismatches": mismatches,
         "nonfinite_match": mismatches == 0,
     })
+    for spec in METRICS.values():   # figures of the bounds declared with their own computation
+        if spec.compute is not None:
+            out.update(spec.compute(ref, got))
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from migrate.align.report.tables import entry_tables, nonfinite_table, run_rows, thresholds_table
+from migrate.judge.report.tables import entry_tables, nonfinite_table, run_rows, thresholds_table
 from migrate.judge import html as h
 
 __all__ = ["render_html"]

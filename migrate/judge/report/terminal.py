@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrate.align.report.tables import entry_tables
+from migrate.judge.report.tables import entry_tables
 from migrate.judge.terminal import FAIL_STYLE, print_judged
 
 __all__ = ["print_table"]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrate.align.report.entries import Entry
-from migrate.align.checks import nonfinite_side
-from migrate.align.thresholds import KINDS
+from migrate.judge.report.entries import Entry
+from migrate.judge.checks import nonfinite_side
+from migrate.judge.bounds import METRICS
+from migrate.judge.thresholds import KINDS
 from migrate.judge import Column, Table, fmt_cosine, fmt_num, fmt_pct
 from migrate.judge.table import FAIL, FIRST, OK
 
@@ -88,7 +89,7 @@ def run_rows(report: Any) -> list[tuple[str, str]]:
 
 def thresholds_table(report: Any) -> Table:
     """The bounds of every kind at the report's dtype; — where a bound is not checked."""
-    names = ("max_abs", "max_abs_rel", "cosine", "top1", "kl", "match", "within", "noise", "off_noise")
+    names = tuple(METRICS)   # every declared bound (`judge.bounds`), in declaration order
     table = Table([Column("kind", left=True), *(Column(n) for n in names)])
     for kind in KINDS:
         b = report.thresholds.bounds(kind)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from migrate.align.metrics import logits_metrics, tensor_metrics
+from migrate.judge.metrics import logits_metrics, tensor_metrics
 from migrate.dtype_names import PRECISIONS
 
 __all__ = ["TWIN", "noise_figures", "error_figures", "error_ratio", "tie_margin"]

@@ -1,6 +1,6 @@
 """What a report holds: one `Entry` per compared tensor, and the greedy `Generation`.
 
-An entry is judged when the `Report` adds it (`align.checks.tensor_checks`); it knows where it
+An entry is judged when the `Report` adds it (`judge.checks.tensor_checks`); it knows where it
 sits in the model (`location`, `short_label`) and the one figure that matters (`headline`).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrate.align.report.tables import entry_tables, nonfinite_table, run_rows, thresholds_table
+from migrate.judge.report.tables import entry_tables, nonfinite_table, run_rows, thresholds_table
 from migrate.judge import markdown as md
 
 __all__ = ["render_markdown"]

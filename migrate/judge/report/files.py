@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from migrate.align.report.html import render_html
-from migrate.align.report.markdown import render_markdown
-from migrate.align.report.model import Report
-from migrate.align.report.plot import render_plot
+from migrate.judge.report.html import render_html
+from migrate.judge.report.markdown import render_markdown
+from migrate.judge.report.model import Report
+from migrate.judge.report.plot import render_plot
 from migrate.checkpoints.atomic import atomic_write_text
 from migrate.errors import MigrateError
 from migrate.judge.jsonfile import write_json

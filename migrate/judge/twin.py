@@ -1,4 +1,4 @@
-"""The float64 twin of a torch reference model (`align.reference`): the model itself widened to
+"""The float64 twin of a torch reference model (`judge.noise`): the model itself widened to
 float64 while the twin runs, and whether that fits here.
 
 fp32, bf16 and fp16 values are exact in float64, so casting the model in place and back

@@ -6,13 +6,13 @@ and the report in every format.
 - `tables`: the rows every format lists; `terminal`, `markdown`, `html`, `plot`: one module
   per format, drawn through `migrate.judge`'s renderers; `files`: writing and reading them.
 """
-from migrate.align.report.entries import BLOCKS, DIRECTIONS, Entry, Generation, layer_of
-from migrate.align.report.files import REPORT_FILES, read_report, write_report
-from migrate.align.report.html import render_html
-from migrate.align.report.markdown import render_markdown
-from migrate.align.report.model import SCHEMA_VERSION, Report
-from migrate.align.report.plot import render_plot
-from migrate.align.report.terminal import print_table
+from migrate.judge.report.entries import BLOCKS, DIRECTIONS, Entry, Generation, layer_of
+from migrate.judge.report.files import REPORT_FILES, read_report, write_report
+from migrate.judge.report.html import render_html
+from migrate.judge.report.markdown import render_markdown
+from migrate.judge.report.model import SCHEMA_VERSION, Report
+from migrate.judge.report.plot import render_plot
+from migrate.judge.report.terminal import print_table
 
 __all__ = [
     "SCHEMA_VERSION",
