@@ -95,7 +95,7 @@ def export_mindir(ms_dir, out, *, batch: int, prefill_len: int, cache_len: int, 
     limit = learned_positions(model)
     if limit is not None and cache_len > limit:
         raise MigrateError(f"--cache-len ({cache_len}) exceeds the model's {limit} learned positions")
-    step = CachedStep(model, cache_len)
+    step = CachedStep(model, batch, cache_len)
     step.set_train(False)
     act = model.precision.act
     cache_dtype = _dtype_name(act)

@@ -22,7 +22,7 @@ def learned_positions(model) -> int | None:
 
 class CachedRunner:
     def __init__(self, model, batch: int, prefill_len: int, cache_len: int):
-        self.step = CachedStep(model, cache_len)
+        self.step = CachedStep(model, batch, cache_len)
         self.step.set_train(False)
         self.batch, self.prefill_len, self.cache_len = batch, prefill_len, cache_len
         self.max_positions = learned_positions(model)
