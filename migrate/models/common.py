@@ -254,9 +254,9 @@ class CausalLM(ModelCell):
 
     A subclass builds its decoder under the attribute `DECODER` names (called as
     `decoder(input_ids, attention_mask, output_hidden_states, table, cache, position_ids)` ->
-    (h, hidden)), says
-    where its word embedding sits (`word_embedding`), then calls `_complete`. `HIDDEN`
-    names the hidden entries: (embedding, layers, (attention part, MLP part), final norm).
+    (h, hidden), with or without a cache), says where its word embedding sits
+    (`word_embedding`), then calls `_complete`. `HIDDEN` names the hidden entries:
+    (embedding, layers, (attention part, MLP part), final norm).
     """
 
     SITES = ()

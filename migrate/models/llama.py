@@ -10,6 +10,8 @@ KV group: the group's query heads, its key head, its value head) and the MLP one
     model = LlamaForCausalLM(config)
     logits, loss, hidden = model(input_ids, attention_mask=None, labels=None,
                                  output_hidden_states=False)
+    # with a KV cache (`migrate.models.kv_cache.KVCache`, updated in place): the same outputs
+    logits, loss, hidden = model(input_ids, key_mask, cache=cache, position_ids=positions)
 
 `loss` is None without labels. `hidden` is None unless output_hidden_states is
 True (embedding output, each decoder layer's output, final-norm output) or
