@@ -134,7 +134,15 @@ class CachedStep(nn.Cell):
                 cell.cover(cache_len)
 
     def construct(self, input_ids, positions, start, key_mask, *caches):
-        """(logits, k_cache_0, v_cache_0, k_cache_1, ...) from caches in the same order."""
-        self.cache.load(start, caches)
+        """(logits, k_cache_0, v_cache_0, k_cache_1, ...) from caches in the same order; without
+        caches, (logits,) from the state the previous call left (a live runner's decode steps: no
+        copy of the cache in and out per step)."""
+        if caches:
+            self.cache.load(start, caches)
+        else:
+            ops.assign(self.cache.start, start)
         logits = self.model(input_ids, key_mask, cache=self.cache, position_ids=positions, logits_to_keep=1)[0]
-        return (logits[:, -1].astype(F32),) + self.cache.tensors()
+        logits = (logits[:, -1].astype(F32),)
+        if caches:
+            return logits + self.cache.tensors()
+        return logits
