@@ -129,3 +129,29 @@ def test_a_refused_export_writes_nothing(folders, capsys, tmp_path):
     assert code == 2 and "--prefill-len (64) must be shorter than --cache-len (32)" in err and not out.exists()
     code, _, err = _run(capsys, "export", folders / "main" / "ms", out, "--batch", 2)
     assert code == 2 and "--batch apply to --format mindir only" in err and not out.exists()
+
+
+def test_generate_export_and_the_mindir_runner_leave_the_mode_as_they_found_it(folders, capsys, tmp_path):
+    import mindspore as ms
+
+    from migrate.infer.batch import make_batch
+    from migrate.infer.generate import generate
+    from migrate.infer.mindir import MindIRRunner
+    from migrate.infer.sampling import Sampling
+
+    ms_dir = folders / "main" / "ms"
+    for mode in (ms.PYNATIVE_MODE, ms.GRAPH_MODE):
+        ms.set_context(mode=mode)
+        other = "graph" if mode == ms.PYNATIVE_MODE else "pynative"
+        for argv in (["generate", ms_dir, "--ids", "1,2", "--max-new-tokens", 2],
+                     ["generate", ms_dir, "--ids", "1,2", "--max-new-tokens", 2, "--mode", other],
+                     ["generate", "--mindir", folders / "mindir", "--ids", "1,2", "--max-new-tokens", 2],
+                     ["export", "--format", "mindir", ms_dir, tmp_path / f"export{mode}", "--prefill-len", 4,
+                      "--cache-len", 8]):
+            assert _run(capsys, *argv)[0] == 0 and ms.get_context("mode") == mode, argv
+    # The runner holds GRAPH_MODE while it loads and while it steps, whatever mode its user is in.
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    runner = MindIRRunner(folders / "mindir")
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE
+    tokens = generate(runner, make_batch([[1, 2], [1, 2]], 0, 320), 3, Sampling()).tokens
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE and tokens.shape == (2, 3)

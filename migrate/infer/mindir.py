@@ -35,6 +35,7 @@ from migrate.infer.runners import learned_positions
 from migrate.infer.special_ids import stop_and_pad
 from migrate.models.kv_cache import CachedStep, cache_shape
 from migrate.models.loading import load_model
+from migrate.models.mode import execution_mode
 from migrate.sidecar import copy_sidecars
 
 FORMAT, VERSION = "migrate-mindir", 1
@@ -90,12 +91,16 @@ def export_mindir(ms_dir, out, *, batch: int, prefill_len: int, cache_len: int, 
             raise MigrateError(f"{name} must be positive, got {value}")
     if prefill_len >= cache_len:
         raise MigrateError(f"--prefill-len ({prefill_len}) must be shorter than --cache-len ({cache_len})")
-    ms.set_context(mode=ms.GRAPH_MODE)  # mindspore.export compiles the graph
+    with execution_mode("graph"):  # mindspore.export compiles the graph; the caller's mode is put back after
+        return _export(ms_dir, out, batch, prefill_len, cache_len, compute_dtype, overwrite)
+
+
+def _export(ms_dir: Path, out, batch: int, prefill_len: int, cache_len: int, compute_dtype, overwrite: bool) -> dict:
     model, config = load_model(ms_dir, compute_dtype=compute_dtype)
     limit = learned_positions(model)
     if limit is not None and cache_len > limit:
         raise MigrateError(f"--cache-len ({cache_len}) exceeds the model's {limit} learned positions")
-    step = CachedStep(model, cache_len)
+    step = CachedStep(model, batch, cache_len)
     step.set_train(False)
     act = model.precision.act
     cache_dtype = _dtype_name(act)
@@ -159,19 +164,21 @@ def check_same_model(spec: dict, ms_dir, folder) -> None:
 
 
 class MindIRRunner:
-    """The two exported graphs as a step runner (`migrate.infer.generate`), from the files alone."""
+    """The two exported graphs as a step runner (`migrate.infer.generate`), from the files alone.
+    A GraphCell runs in GRAPH_MODE only: each load and each step holds it (`execution_mode`) and puts
+    the caller's mode back, so the runner works whatever mode its user is in, and leaves it as it was."""
 
     def __init__(self, folder, spec: dict | None = None):
         self.folder = Path(folder)
         self.spec = spec or read_spec(self.folder)
         self.batch, self.prefill_len = self.spec["batch"], self.spec["prefill_len"]
         self.cache_len, self.max_positions = self.spec["cache_len"], self.spec.get("max_positions")
-        ms.set_context(mode=ms.GRAPH_MODE)  # a GraphCell runs in GRAPH_MODE only
         self.cells = {}
         for graph in GRAPHS:
             file = self.folder / self.spec["graphs"][graph]["file"]
             try:
-                self.cells[graph] = nn.GraphCell(ms.load(str(file)))
+                with execution_mode("graph"):
+                    self.cells[graph] = nn.GraphCell(ms.load(str(file)))
             except Exception as exc:  # a damaged or foreign file mindspore cannot parse
                 raise MigrateError(f"mindspore cannot load {file}: {str(exc).strip().splitlines()[0]}") from None
         caches = self.spec["graphs"]["prefill"]["inputs"][4:]
@@ -182,8 +189,9 @@ class MindIRRunner:
         self._key_mask = None
 
     def _run(self, graph, ids, positions, start, caches) -> np.ndarray:
-        logits, *caches = self.cells[graph](ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(start, ms.int32),
-                                            self._key_mask, *caches)
+        with execution_mode("graph"):
+            logits, *caches = self.cells[graph](ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(start, ms.int32),
+                                                self._key_mask, *caches)
         self.caches = tuple(caches)
         return logits.asnumpy()
 

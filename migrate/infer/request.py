@@ -84,14 +84,20 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     prompt_pad = getattr(tokenizer, "pad_token_id", None)
     batch = make_batch(prompts, prompt_pad if prompt_pad is not None else pad, vocab)
     rows = batch.size
-    if spec is not None:
-        runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
-    else:
-        runner, path = _live_runner(folder, batch, options)
-    stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
-    on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
-    result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
-                      record_logits=options.compare_hf is not None, on_step=on_step)
+    if spec is None:
+        _check_live_options(options)
+    from migrate.models.mode import execution_mode
+
+    # MindSpore's mode is process-wide: held while the runner loads and runs, the caller's put back after.
+    with execution_mode("graph" if spec is not None else options.mode):
+        if spec is not None:
+            runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
+        else:
+            runner, path = _live_runner(folder, batch, options)
+        stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
+        on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
+        result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
+                          record_logits=options.compare_hf is not None, on_step=on_step)
     if stream is not None:
         stream.close()
     result = result.rows(rows, stops)
@@ -102,17 +108,18 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     return outcome
 
 
-def _live_runner(folder: Path, batch: Batch, options: Options):
-    from migrate.infer.runners import CachedRunner, UncachedRunner
-    from migrate.models.loading import load_model
-
+def _check_live_options(options: Options) -> None:
     if options.mode not in ("graph", "pynative"):
         raise MigrateError(f"unknown mode {options.mode!r}; choose graph or pynative")
     if options.dtype is not None and options.dtype not in PRECISIONS:
         raise MigrateError(f"unknown dtype {options.dtype!r}; choose from {', '.join(PRECISIONS)}")
-    import mindspore as ms
 
-    ms.set_context(mode=ms.GRAPH_MODE if options.mode == "graph" else ms.PYNATIVE_MODE)
+
+def _live_runner(folder: Path, batch: Batch, options: Options):
+    """The converted model as a runner, in the mode the caller holds (`options.mode`)."""
+    from migrate.infer.runners import CachedRunner, UncachedRunner
+    from migrate.models.loading import load_model
+
     model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None)
     cache_len = options.cache_len or batch.prompt_len + max(options.max_new_tokens, 1)
     check_lengths(batch, options.max_new_tokens, cache_len)  # before the model loads

@@ -22,29 +22,29 @@ def learned_positions(model) -> int | None:
 
 class CachedRunner:
     def __init__(self, model, batch: int, prefill_len: int, cache_len: int):
-        self.step = CachedStep(model, cache_len)
+        self.step = CachedStep(model, batch, cache_len)
         self.step.set_train(False)
         self.batch, self.prefill_len, self.cache_len = batch, prefill_len, cache_len
         self.max_positions = learned_positions(model)
         self.shape = cache_shape(model.config, batch, cache_len)
         self.tensors = 2 * model.config.num_layers
         self.dtype = model.precision.act  # activations' dtype: fp32 when low precision is emulated on CPU
-        self.caches = ()
         self._key_mask = None
 
-    def _run(self, ids, positions, start: int, caches) -> np.ndarray:
+    def _run(self, ids, positions, start: int, caches=()) -> np.ndarray:
         logits, *caches = self.step(ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(start, ms.int32),
                                     self._key_mask, *caches)
-        self.caches = tuple(caches)
         return logits.asnumpy()
 
     def prefill(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The prompt into a zeroed cache (the step's flat boundary, as MindIR runs it)."""
         self._key_mask = ms.Tensor(inputs["key_mask"])
         zeros = ops.zeros(self.shape, self.dtype)
         return self._run(inputs["input_ids"], inputs["positions"], 0, (zeros,) * self.tensors)
 
     def decode(self, tokens, positions, start: int, key_mask) -> np.ndarray:
-        return self._run(tokens, positions, start, self.caches)
+        """One token per row; the cache stays in the step's `KVCache` between calls (no copies in and out)."""
+        return self._run(tokens, positions, start)
 
 
 class _LogitsAt(nn.Cell):

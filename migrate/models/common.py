@@ -202,12 +202,12 @@ class CausalMask(ModelCell):
         super().__init__(build.precision)
         self.fill_value = MIN_VALUE[build.dtype]
 
-    def construct(self, batch, seq_len, attention_mask=None, window=None):
-        return causal_mask(batch, seq_len, attention_mask, self.fill_value, self.act, window)
-
-    def over_cache(self, batch, start, seq_len, key_mask, window=None):
-        """The mask of `seq_len` queries at cache slots start.. over a whole static KV cache."""
-        return cache_mask(batch, start, seq_len, key_mask, self.fill_value, self.act, window)
+    def construct(self, batch, seq_len, attention_mask=None, window=None, cache=None):
+        """The mask of `seq_len` queries: over themselves, or with a KV cache (`migrate.models.kv_cache`)
+        over the whole cache, the queries at slots cache.start.. and `attention_mask` (b, cache length)."""
+        if cache is None:
+            return causal_mask(batch, seq_len, attention_mask, self.fill_value, self.act, window)
+        return cache_mask(batch, cache.start, seq_len, attention_mask, self.fill_value, self.act, window)
 
 
 # ---------------------------------------------------------------- losses
@@ -253,9 +253,10 @@ class CausalLM(ModelCell):
     HF hands them out.
 
     A subclass builds its decoder under the attribute `DECODER` names (called as
-    `decoder(input_ids, attention_mask, output_hidden_states, table)` -> (h, hidden)), says
-    where its word embedding sits (`word_embedding`), then calls `_complete`. `HIDDEN`
-    names the hidden entries: (embedding, layers, (attention part, MLP part), final norm).
+    `decoder(input_ids, attention_mask, output_hidden_states, table, cache, position_ids)` ->
+    (h, hidden), with or without a cache), says where its word embedding sits
+    (`word_embedding`), then calls `_complete`. `HIDDEN` names the hidden entries:
+    (embedding, layers, (attention part, MLP part), final norm).
     """
 
     SITES = ()
@@ -286,29 +287,25 @@ class CausalLM(ModelCell):
     def word_embedding(self) -> Embedding:
         raise NotImplementedError
 
-    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False, cache=None):
-        """(logits, loss, hidden); with `cache` (a KV-cache step, `migrate.models.kv_cache`) the
-        logits of the last position only (HF's logits_to_keep=1) and the updated cache: (logits, cache)."""
+    def construct(self, input_ids, attention_mask=None, labels=None, output_hidden_states=False, cache=None,
+                  position_ids=None, logits_to_keep=0):
+        """(logits, loss, hidden), with or without `cache` (a `migrate.models.kv_cache.KVCache`, updated
+        in place; `attention_mask` then covers the cache, `position_ids` place the new tokens).
+        `logits_to_keep` as HF's: n > 0, the logits of the last n positions only."""
         table = None
         if self.tie_word_embeddings:
             # One cast shared by lookup and head: in GRAPH_MODE two casts of a bf16
             # parameter need a bf16 TensorMove, which CPU lacks.
             table = self.word_embedding().table()
         decoder = getattr(self, self.DECODER)
-        if cache is None:
-            decoded = decoder(input_ids, attention_mask, output_hidden_states, table)
-        else:
-            decoded = decoder(input_ids, attention_mask, False, table, cache)
-        h = decoded[0]
-        if cache is not None:
-            h = h[:, -1:]
+        h, hidden = decoder(input_ids, attention_mask, output_hidden_states, table, cache, position_ids)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
         if self.tie_word_embeddings:
             logits = self.tied_head(h, table)
         else:
             logits = self.lm_head(h)
-        if cache is not None:
-            return self._hand_out(logits), decoded[2]
         loss = None
         if labels is not None:
             loss = self.loss_fn(logits, labels)
-        return self._hand_out(logits), loss, self._hidden_out(decoded[1], output_hidden_states)
+        return self._hand_out(logits), loss, self._hidden_out(hidden, output_hidden_states)

@@ -22,8 +22,8 @@ checkpoint saved from this model also loads into MindFormers:
 (additionally each block's attention and MLP outputs before their residual add);
 `GPT2LMHeadModel.hidden_names(...)` names the entries. Precision handling as in
 `migrate.models.base` (fp32 exact; bf16/fp16 emulated on CPU). A KV cache plugs in as in
-the Llama (`migrate.models.kv_cache`): the model's `cache` argument, `attention.kv_cache`
-between the projections and the scores, learned positions looked up at the step's positions.
+the Llama (`migrate.models.kv_cache`): the model's `cache` argument, `cache.update(layer_idx, k, v)`
+between the projections and the scores, learned positions looked up at `position_ids`.
 """
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ from migrate.errors import MigrateError
 from migrate.models.base import F32, Build, ModelCell
 from migrate.models.common import Activation, CausalLM, CausalMask, Embedding, LayerNorm, Linear, LinearInOut
 from migrate.models.gpt2_config import GPT2Config  # noqa: F401 (re-exported: mindspore-free for convert)
-from migrate.models.kv_cache import KVCacheWrite, layer_cache
 
 
 class GPT2Embedding(ModelCell):
@@ -75,16 +74,16 @@ class GPT2Attention(ModelCell):
         self.dense2 = Linear(h, h, True, build, prefix + ".dense2")  # k
         self.dense3 = Linear(h, h, True, build, prefix + ".dense3")  # v
         self.projection = LinearInOut(h, h, build, prefix + ".projection", std=proj_std)
-        self.kv_cache = KVCacheWrite()
+        self.layer_idx = layer_idx  # which layer of a KV cache this attention reads and writes
 
     def construct(self, x, mask, cache=None):
-        """The output; with `cache` (k_cache, v_cache, start) also the updated (k_cache, v_cache)."""
+        """The output, with or without `cache` (a `KVCache`, updated in place)."""
         b, s, _ = x.shape
         q = self.dense1(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
         k = self.dense2(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
         v = self.dense3(x).reshape(b, s, self.num_heads, self.head_dim).swapaxes(1, 2)
         if cache is not None:
-            k, v = self.kv_cache(cache[0], cache[1], k, v, cache[2])
+            k, v = cache.update(self.layer_idx, k, v)
         if self.upcast:
             # HF _upcast_and_reordered_attn: scores, mask and softmax in fp32, one cast at the end.
             scores = mint.matmul(q.astype(F32), k.astype(F32).swapaxes(2, 3)) * self.scaling
@@ -98,9 +97,7 @@ class GPT2Attention(ModelCell):
         probs = self._dropout(probs, self.attn_dropout)
         out = self._r(mint.matmul(probs, v))
         out = self.projection(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
-        if cache is None:
-            return self._dropout(out, self.resid_dropout)
-        return self._dropout(out, self.resid_dropout), (k, v)
+        return self._dropout(out, self.resid_dropout)
 
 
 class GPT2MLP(ModelCell):
@@ -128,15 +125,11 @@ class GPT2Block(ModelCell):
         self.output = GPT2MLP(config, build, prefix + ".output", proj_std)
 
     def construct(self, x, mask, cache=None):
-        """(output, attention output, MLP output); with `cache` also the updated (k_cache, v_cache)."""
+        """(output, attention output, MLP output), with or without `cache` (a `KVCache`)."""
         attn = self.attention(self.layernorm1(x), mask, cache)
-        if cache is not None:
-            attn, cache = attn
         h = self._r(attn + x)
         mlp = self.output(self.layernorm2(h))
-        if cache is None:
-            return self._r(h + mlp), attn, mlp
-        return self._r(h + mlp), attn, mlp, cache
+        return self._r(h + mlp), attn, mlp
 
 
 class GPT2Model(ModelCell):
@@ -151,32 +144,21 @@ class GPT2Model(ModelCell):
                                    ("gamma", "beta"))
         self.mask = CausalMask(build)
 
-    def construct(self, input_ids, attention_mask=None, output_hidden_states=False, word_table=None, cache=None):
-        """(final hidden, hidden states); with `cache` (a step of `migrate.models.kv_cache`; it
-        replaces attention_mask) also the updated cache (positions, start, key_mask, keys, values)."""
+    def construct(self, input_ids, attention_mask=None, output_hidden_states=False, word_table=None, cache=None,
+                  position_ids=None):
+        """(final hidden, hidden states), with or without `cache` (a `KVCache`; `attention_mask`
+        then covers its slots). `position_ids` (b, s): each token's position (default 0 .. s - 1)."""
         b, s = input_ids.shape
         if s > self.seq_length:
             raise ValueError(f"sequence length {s} exceeds the position table ({self.seq_length})")
-        if cache is None:
-            h = self.embedding(input_ids, word_table)
-            mask = self.mask(b, s, attention_mask)
-        else:
-            h = self.embedding(input_ids, word_table, cache[0])
-            mask = self.mask.over_cache(b, cache[1], s, cache[2])
+        h = self.embedding(input_ids, word_table, position_ids)
+        mask = self.mask(b, s, attention_mask, cache=cache)
         hidden = (h,)
-        keys = ()
-        values = ()
-        for i, block in enumerate(self.blocks):
-            if cache is None:
-                h, attn, mlp = block(h, mask)
-            else:
-                h, attn, mlp, (k, v) = block(h, mask, layer_cache(cache, i))
-                keys, values = keys + (k,), values + (v,)
+        for block in self.blocks:
+            h, attn, mlp = block(h, mask, cache)
             hidden = self._keep_hidden(hidden, output_hidden_states, attn, mlp, h)
         h = self.layernorm(h)
-        if cache is None:
-            return h, hidden + (h,)
-        return h, hidden + (h,), cache[:3] + (keys, values)
+        return h, hidden + (h,)
 
 
 class GPT2LMHeadModel(CausalLM):

@@ -10,6 +10,8 @@ KV group: the group's query heads, its key head, its value head) and the MLP one
     model = LlamaForCausalLM(config)
     logits, loss, hidden = model(input_ids, attention_mask=None, labels=None,
                                  output_hidden_states=False)
+    # with a KV cache (`migrate.models.kv_cache.KVCache`, updated in place): the same outputs
+    logits, loss, hidden = model(input_ids, key_mask, cache=cache, position_ids=positions)
 
 `loss` is None without labels. `hidden` is None unless output_hidden_states is
 True (embedding output, each decoder layer's output, final-norm output) or
@@ -26,9 +28,10 @@ restating it (each replaced by type, e.g. by `migrate.align.model_faults`):
                 primitives with strategies (`migrate.parallel.strategy`); LoRA wraps it
   attention     `attention.scores` (q·kᵀ), `attention.softmax`, `attention.mix`
                 (probs·v) kernels
-  kv cache      `attention.kv_cache` (`migrate.models.kv_cache.KVCacheWrite`) joins this
-                step's k/v to the cache between the rotary and `_attend`; the model's
-                `cache` argument brings positions, slots and the cache (`CachedStep`)
+  kv cache      the model's `cache` argument (`migrate.models.kv_cache.KVCache`): the
+                attention joins this step's k/v to it (`cache.update(layer_idx, k, v)`)
+                between the rotary and `_attend`; `position_ids` place the rotary,
+                `model.mask` covers the cache (its write seam: `KVCache.write`)
   norm          `RMSNorm` cells (`eps`); `UnitOffsetRMSNorm` (Gemma) where the config sets
                 `rms_norm_unit_offset`
   embedding     `model.tok_embeddings`; a `ScaledEmbedding` (Gemma) where the config sets
@@ -56,7 +59,6 @@ from migrate.models.base import F32, Build, ModelCell
 from migrate.models.common import CausalLM, CausalMask, Embedding, Linear
 from migrate.models.config import LlamaConfig
 from migrate.models.kernels import MatMulKernel, SoftmaxKernel
-from migrate.models.kv_cache import KVCacheWrite, layer_cache
 from migrate.models.rotary import RotaryEmbedding, RotateHalf
 from migrate.models.support import check_activation
 
@@ -156,8 +158,9 @@ class RepeatKV(nn.Cell):
 class LlamaAttention(ModelCell):
     SITES = ("op", "matmul_in", "matmul_out", "scaled", "probs", "dropout")
 
-    def __init__(self, config: LlamaConfig, build: Build, prefix: str):
+    def __init__(self, config: LlamaConfig, build: Build, prefix: str, layer_idx: int = 0):
         super().__init__(build.precision)
+        self.layer_idx = layer_idx  # which layer of a KV cache this attention reads and writes
         self.num_heads = config.num_heads
         self.n_kv_heads = config.n_kv_heads
         self.n_rep = config.num_heads // config.n_kv_heads
@@ -177,7 +180,6 @@ class LlamaAttention(ModelCell):
         self.wo = Linear(q_out, h, config.out_proj_has_bias, build, prefix + ".wo")
         self.rotary = RotateHalf(build.precision)
         self.repeat_kv = RepeatKV(self.n_rep)
-        self.kv_cache = KVCacheWrite()
         self.scores = MatMulKernel(transpose_b=True)  # q·kᵀ
         self.softmax = SoftmaxKernel()
         self.mix = MatMulKernel()  # probs·v
@@ -213,18 +215,15 @@ class LlamaAttention(ModelCell):
         return self._r(self.mix(probs, v), "matmul_out")
 
     def construct(self, x, cos, sin, mask, cache=None):
-        """The output; with `cache` (k_cache, v_cache, start) also the updated (k_cache, v_cache)."""
+        """The output, with or without `cache` (a `KVCache`, updated in place)."""
         b, s, _ = x.shape
         q, k, v = self._project(x, b, s)
         q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
         if cache is not None:
             # The KV cache joins here: this step's k, v written at their slots, every slot attended
             # (the mask covers the cache); _attend takes any key length.
-            k, v = self.kv_cache(cache[0], cache[1], k, v, cache[2])
-        out = self.wo(self._attend(q, k, v, mask).swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
-        if cache is None:
-            return out
-        return out, (k, v)
+            k, v = cache.update(self.layer_idx, k, v)
+        return self.wo(self._attend(q, k, v, mask).swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
 class LlamaFeedForward(ModelCell):
@@ -255,24 +254,20 @@ class LlamaFeedForward(ModelCell):
 
 
 class LlamaDecoderLayer(ModelCell):
-    def __init__(self, config: LlamaConfig, build: Build, prefix: str, sliding: bool = False):
+    def __init__(self, config: LlamaConfig, build: Build, prefix: str, sliding: bool = False, layer_idx: int = 0):
         super().__init__(build.precision)
         self.sliding = sliding  # attends through the sliding-window mask (Mistral, Qwen2 windowed layers)
         self.attention_norm = _norm(config, build, prefix + ".attention_norm")
-        self.attention = LlamaAttention(config, build, prefix + ".attention")
+        self.attention = LlamaAttention(config, build, prefix + ".attention", layer_idx)
         self.ffn_norm = _norm(config, build, prefix + ".ffn_norm")
         self.feed_forward = LlamaFeedForward(config, build, prefix + ".feed_forward")
 
     def construct(self, x, cos, sin, mask, window_mask, cache=None):
-        """(output, attention output, MLP output); with `cache` also the updated (k_cache, v_cache)."""
+        """(output, attention output, MLP output), with or without `cache` (a `KVCache`)."""
         attn = self.attention(self.attention_norm(x), cos, sin, window_mask if self.sliding else mask, cache)
-        if cache is not None:
-            attn, cache = attn
         h = self._r(x + attn)
         mlp = self.feed_forward(self.ffn_norm(h))
-        if cache is None:
-            return self._r(h + mlp), attn, mlp
-        return self._r(h + mlp), attn, mlp, cache
+        return self._r(h + mlp), attn, mlp
 
 
 def _sliding_layers(config: LlamaConfig) -> list[bool]:
@@ -301,44 +296,29 @@ class LlamaModel(ModelCell):
         self.sliding_window = config.sliding_window
         sliding = _sliding_layers(config)
         self.layers = nn.CellList(
-            [LlamaDecoderLayer(config, build, f"{prefix}.layers.{i}", sliding[i]) for i in range(config.num_layers)]
+            [LlamaDecoderLayer(config, build, f"{prefix}.layers.{i}", sliding[i], i) for i in range(config.num_layers)]
         )
         self.norm_out = _norm(config, build, prefix + ".norm_out")
         self.rotary_emb = RotaryEmbedding(config, build.precision)
         self.mask = CausalMask(build)
 
     def construct(self, input_ids, attention_mask=None, output_hidden_states=False, embedding_weight=None,
-                  cache=None):
-        """(final hidden, hidden states); with `cache` (a step of `migrate.models.kv_cache`; it
-        replaces attention_mask) also the updated cache (positions, start, key_mask, keys, values)."""
+                  cache=None, position_ids=None):
+        """(final hidden, hidden states), with or without `cache` (a `KVCache`; `attention_mask`
+        then covers its slots). `position_ids` (b, s): each token's position (default 0 .. s - 1)."""
         b, s = input_ids.shape
         h = self.tok_embeddings(input_ids, embedding_weight)
-        if cache is None:
-            cos, sin = self.rotary_emb(s)
-            mask = self.mask(b, s, attention_mask)
-        else:
-            cos, sin = self.rotary_emb.at(cache[0])
-            mask = self.mask.over_cache(b, cache[1], s, cache[2])
+        cos, sin = self.rotary_emb(s) if position_ids is None else self.rotary_emb.at(position_ids)
+        mask = self.mask(b, s, attention_mask, cache=cache)
         window_mask = mask
         if self.sliding_window is not None:
-            if cache is None:
-                window_mask = self.mask(b, s, attention_mask, self.sliding_window)
-            else:
-                window_mask = self.mask.over_cache(b, cache[1], s, cache[2], self.sliding_window)
+            window_mask = self.mask(b, s, attention_mask, self.sliding_window, cache)
         hidden = (h,)
-        keys = ()
-        values = ()
-        for i, layer in enumerate(self.layers):
-            if cache is None:
-                h, attn, mlp = layer(h, cos, sin, mask, window_mask)
-            else:
-                h, attn, mlp, (k, v) = layer(h, cos, sin, mask, window_mask, layer_cache(cache, i))
-                keys, values = keys + (k,), values + (v,)
+        for layer in self.layers:
+            h, attn, mlp = layer(h, cos, sin, mask, window_mask, cache)
             hidden = self._keep_hidden(hidden, output_hidden_states, attn, mlp, h)
         h = self.norm_out(h)
-        if cache is None:
-            return h, hidden + (h,)
-        return h, hidden + (h,), cache[:3] + (keys, values)
+        return h, hidden + (h,)
 
 
 class LlamaForCausalLM(CausalLM):

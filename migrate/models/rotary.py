@@ -1,7 +1,7 @@
 """Rotary position embedding of the bundled Llama, as two seams:
 
     cos, sin = model.rotary_emb(seq_len)        # RotaryEmbedding: the tables (rope type, theta, scaling)
-    cos, sin = model.rotary_emb.at(positions)   # the same at per-row positions (a KV-cache step)
+    cos, sin = model.rotary_emb.at(positions)   # the same at per-row position_ids (a KV-cache step)
     q = attention.rotary(q, cos, sin)           # RotateHalf: how the tables rotate q and k
 
 The frequencies come from `migrate.models.rope` (numpy, transformers' operation
