@@ -19,6 +19,9 @@ LAYERS = [
                     "migrate.signals", "migrate.ui"]),
     ("files", ["migrate.checkpoints", "migrate.transforms", "migrate.hf_config", "migrate.sidecar",
                "migrate.data", "migrate.parallel.layout"]),
+    # The run protocol: the step record, the checkpoint state keys, the cadence both trainers
+    # follow and `migrate compare` reads (framework-free).
+    ("run protocol", ["migrate.run_protocol"]),
     ("model descriptions", ["migrate.keymap", "migrate.keymap_schema", "migrate.models.conversion_plan",
                             "migrate.models.config", "migrate.models.gpt2_config", "migrate.models.bert_config",
                             "migrate.models.registry", "migrate.models.shapes", "migrate.models.support",

@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.run_protocol.record import REQUIRED_KEYS  # the step record's contract, shared with both writers
 
 __all__ = ["REQUIRED_KEYS", "Run", "read_metrics"]
-
-REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm")
 
 
 @dataclass
