@@ -34,7 +34,7 @@ from mindspore.common.initializer import initializer
 
 from migrate.errors import MigrateError
 from migrate.train.config import HFSchedule, RunConfig
-from migrate.train.decay import ms_decay_names
+from migrate.train.decay import plan_decay_names
 from migrate.train.schedule import hf_lr
 
 F32 = ms.float32
@@ -160,18 +160,18 @@ class AdamW:
         self.step_count = int(state["step"])
 
 
-def param_groups(model, cfg: RunConfig, keymap, decay_rule: str = "hf") -> list[dict]:
+def param_groups(model, cfg: RunConfig, plan, decay_rule: str = "hf") -> list[dict]:
     """[decayed, not decayed] trainable parameters of the bundled model.
 
     decay_rule "hf": HF Trainer's groups carried over through the keymap
-    (`ms_decay_names`); "mindspore": nn.AdamWeightDecay's default filter, which
+    (`decay.plan_decay_names`, the run's plan); "mindspore": nn.AdamWeightDecay's default filter, which
     decays every parameter whose name lacks "beta"/"gamma" (biases and norm
     weights included) -- a fault to inject, never the default.
     """
     params = list(model.trainable_params())
     names = [p.name for p in params]
     if decay_rule == "hf":
-        decay = ms_decay_names(names, keymap, model.config, cfg.optimizer.no_decay)
+        decay = plan_decay_names(names, plan, cfg.optimizer.no_decay)
     elif decay_rule == "mindspore":
         decay = {n for n in names if "beta" not in n and "gamma" not in n}
     else:
