@@ -26,7 +26,7 @@ Writes to the output folder:
                  loss_fp64_rel_diff, loss_fp64_seq_err, loss_fp64_token_err,
                  grad_norm_fp64, grad_norm_fp64_rel_diff, grad_norm_fp64_tensor_err
   effective_hparams.json  read back from the live model/optimizer/scheduler
-  health.jsonl, health_batches/  the health watch's events (`migrate.train.health_log`)
+  health.jsonl, health_batches/  the health watch's events (`migrate.train.health.log`)
   events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`; tensorboard: false to omit)
   eval.jsonl, checkpoint-N/  when eval_interval / checkpoint_interval are set
 
@@ -66,10 +66,10 @@ from migrate.run_protocol.inputs import check_vocab, eval_rows  # noqa: E402
 from migrate.run_protocol.record import finite as _finite  # noqa: E402
 from migrate.run_protocol.record import step_record  # noqa: E402
 from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak, peak_basis  # noqa: E402
-from migrate.train.health import HealthWatch, StepFacts  # noqa: E402
+from migrate.train.health.watch import HealthWatch, StepFacts  # noqa: E402
 from migrate.train.run_log import RunLog  # noqa: E402
-from migrate.train.step_faults import parse_step_faults  # noqa: E402
-from migrate.train.step_profile import format_breakdown, profile_for  # noqa: E402
+from migrate.train.step.faults import parse_step_faults  # noqa: E402
+from migrate.train.step.profile import format_breakdown, profile_for  # noqa: E402
 
 # "bf16" -> torch.bfloat16; fp32 runs without autocast
 AUTOCAST = {p.name: getattr(torch, p.compute) if p.low else None for p in PRECISIONS.values()}
@@ -291,7 +291,7 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
 
 
 def build_health_watch(cfg: RunConfig) -> HealthWatch:
-    """The health watch of run.yaml's `health:` section (`migrate.train.health`, shared with `migrate train`)."""
+    """The health watch of run.yaml's `health:` section (`migrate.train.health.watch`, shared with `migrate train`)."""
     return HealthWatch.for_run(cfg)
 
 
@@ -419,7 +419,7 @@ def fp64_reference(model, batches: list, cfg: RunConfig, params: list, scaler=No
 
 def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=(), profile: bool = False) -> Path:
     """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json,
-    health.jsonl, TensorBoard events). step_faults: `migrate.train.step_faults` specs, applied
+    health.jsonl, TensorBoard events). step_faults: `migrate.train.step.faults` specs, applied
     where `migrate train` applies them. The health policy `stop` raises HealthStop (exit 3).
     profile: the step-time breakdown `migrate train --profile` logs (torch CPU is synchronous,
     so no sync is needed), as time_*_s fields and a table logged at the end. The step record,

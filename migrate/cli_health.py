@@ -1,6 +1,6 @@
 """`migrate health RUN`: the health watch's account of a finished or running training run.
 
-Argument parsing only; calls `migrate.train.health_summary.summarise`. Registered into the
+Argument parsing only; calls `migrate.train.health.summary.summarise`. Registered into the
 main parser by `migrate.cli`.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 def _cmd_health(args) -> int:
     import json
 
-    from migrate.train.health_summary import summarise
+    from migrate.train.health.summary import summarise
 
     code = 0
     for run in args.runs:

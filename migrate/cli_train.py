@@ -68,7 +68,7 @@ def _cmd_keymap_check(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    from migrate.train.cluster import Cluster
+    from migrate.train.launch.cluster import Cluster
     from migrate.train.config import RunConfig
     from migrate.train.run import run_training
     from migrate.ui import console
@@ -86,7 +86,7 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_ckpt_merge(args) -> int:
-    from migrate.train.ckpt import merge_checkpoint
+    from migrate.train.checkpoint.folder import merge_checkpoint
     from migrate.ui import console
 
     out = merge_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)

@@ -1,4 +1,4 @@
-"""msrun's worker with test faults: `migrate.train.worker` plus two failures on request.
+"""msrun's worker with test faults: `migrate.train.launch.worker` plus two failures on request.
 
 The production worker reads no test hooks. A test swaps this module in for it
 (`use_fault_worker(monkeypatch)`: the launcher's WORKER_MODULE, tests/ on the workers'
@@ -25,7 +25,7 @@ MODULE = "fault_worker"
 
 def use_fault_worker(monkeypatch) -> None:
     """Make `migrate train --dp N` launch this module on every rank."""
-    import migrate.train.launch as launch
+    import migrate.train.launch.msrun as launch
 
     monkeypatch.setattr(launch, "WORKER_MODULE", MODULE)
     here = str(Path(__file__).resolve().parent)
@@ -39,7 +39,7 @@ def _spec(name: str):
 
 def _install() -> None:
     """Wrap the worker's `_run`: MindSpore still loads only where the worker loads it."""
-    import migrate.train.worker as worker
+    import migrate.train.launch.worker as worker
 
     run = worker._run
 
@@ -89,6 +89,6 @@ def _kill_after(step: int) -> None:
 
 if __name__ == "__main__":
     _install()
-    from migrate.train.worker import main
+    from migrate.train.launch.worker import main
 
     sys.exit(main())

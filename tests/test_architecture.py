@@ -40,7 +40,7 @@ LAYERS = [
                       "migrate.cli_probe",
                       "migrate.cli_health", "migrate.cli_vocab", "migrate.cli_report",
                       "migrate.demo", "migrate.demo_train",
-                      "migrate.__main__", "migrate.train.worker", "migrate.plan_measure"]),
+                      "migrate.__main__", "migrate.train.launch.worker", "migrate.plan_measure"]),
 ]
 ENTRY = "entry points"  # the command line loads only what the chosen command needs
 HEAVY = {"mindspore", "torch", "transformers", "matplotlib", "peft", "tokenizers"}

@@ -17,8 +17,8 @@ from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.models.loading import load_model
-from migrate.train.ckpt import open_checkpoint
-from migrate.train.dist_ckpt import LAYOUT_FILE
+from migrate.train.checkpoint.folder import open_checkpoint
+from migrate.train.checkpoint.shards import LAYOUT_FILE
 from migrate.train.ms_data import micro_batches
 from migrate.train.trainer import check_resumable, train
 

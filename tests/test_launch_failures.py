@@ -12,8 +12,8 @@ from fault_worker import KILL_ENV, use_fault_worker
 from train_setup import RUN, make_run_dir
 
 from migrate.cli import main
-from migrate.train.launch import MSRUN_LOG, _outcome
-from migrate.train.worker_files import exit_file, pid_file
+from migrate.train.launch.msrun import MSRUN_LOG, _outcome
+from migrate.train.launch.worker_files import exit_file, pid_file
 
 DP_RUN = (RUN.replace("total_steps: 200", "total_steps: 6").replace("warmup_steps: 20", "warmup_steps: 2")
           .replace("micro_batch_size: 4", "micro_batch_size: 2"))

@@ -1,6 +1,6 @@
 """A training checkpoint's run state (trainer_state.json) by key, and the checks a resume makes.
 
-The MindSpore trainer writes `state` with these keys (`migrate.train.ckpt.save_checkpoint` adds
+The MindSpore trainer writes `state` with these keys (`migrate.train.checkpoint.folder.save_checkpoint` adds
 the format, the version and OPTIMIZER_STEP); a resume reads them back through `check_resumable`
 and `Position.from_state`.
 """

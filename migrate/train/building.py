@@ -23,13 +23,13 @@ from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, 
 from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak
 from migrate.train.config import RunConfig
 from migrate.train.faults import apply_faults, check_faults
-from migrate.train.health import HealthWatch
+from migrate.train.health.watch import HealthWatch
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.lora_run import LoraRun, attach_for_training, lora_param_groups
 from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
 from migrate.train.precision import DynamicLossScaler, autocast_model
-from migrate.train.steps import MicroStep
+from migrate.train.step.cells import MicroStep
 
 
 @dataclass

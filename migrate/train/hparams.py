@@ -32,7 +32,7 @@ from typing import Any
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.train.building import build_training
 from migrate.train.config import RunConfig
-from migrate.train.health import HealthWatch
+from migrate.train.health.watch import HealthWatch
 from migrate.train.lora_run import peft_parameter_name
 
 LR_REL = 1e-12

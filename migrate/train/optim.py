@@ -127,7 +127,7 @@ class AdamW:
 
     def advance(self) -> tuple:
         """Count one optimizer step and return its arguments for `update` (a graph that embeds
-        `update` steps the optimizer inside it, `migrate.train.optimizer_step`)."""
+        `update` steps the optimizer inside it, `migrate.train.step.optimizer`)."""
         self.step_count += 1
         return self.step_args(self.step_count)
 
@@ -184,7 +184,7 @@ def param_groups(model, cfg: RunConfig, plan, decay_rule: str = "hf") -> list[di
 class GradClipper:
     """torch.nn.utils.clip_grad_norm_ (norm type 2) over the accumulated gradients: the knobs.
 
-    The graphs that measure and clip live in `migrate.train.optimizer_step`. With a
+    The graphs that measure and clip live in `migrate.train.step.optimizer`. With a
     loss scale the gradients are first unscaled (GradScaler.unscale_). `max_norm`
     None or 0: nothing is clipped, the norm is still computed. The clipped norm is
     measured on the clipped tensors (logged as grad_norm_clipped): it is the one

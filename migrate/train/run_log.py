@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 from migrate.run_protocol.record import (EVAL_FILE, METRICS_FILE, MetricsLog, append_eval, log_line, parse_lines,
                                          truncate_jsonl)
-from migrate.train.health import HealthWatch
-from migrate.train.health_log import HealthLog, replay
+from migrate.train.health.watch import HealthWatch
+from migrate.train.health.log import HealthLog, replay
 from migrate.train.tensorboard import RunBoard
 
 

@@ -43,14 +43,14 @@ Writes to the output folder (default cfg.out_dir.ms):
                   used) and skipped; a step the health watch flags adds health
                   (its event kinds), and skipped where the policy skipped it;
                   with profile=True the step-time breakdown, time_*_s
-                  (`migrate.train.step_profile`)
+                  (`migrate.train.step.profile`)
   effective_hparams.json  read back from the live MindSpore objects
-  health.jsonl, health_batches/  the health watch's events (`migrate.train.health`,
-                  `migrate.train.health_log`), decided as the golden script decides
+  health.jsonl, health_batches/  the health watch's events (`migrate.train.health.watch`,
+                  `migrate.train.health.log`), decided as the golden script decides
   events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`)
   eval.jsonl      when eval_interval is set (as the golden script)
   checkpoints/checkpoint-N/, checkpoints/latest   when checkpoint_interval is
-                  set (layout in `migrate.train.ckpt`)
+                  set (layout in `migrate.train.checkpoint.folder`)
 
 MFU = flops_per_token * tokens_per_s / peak_flops, flops_per_token = 6 * N +
 12 * layers * seq_length * (heads * head_dim) (PaLM's estimate; N = the
@@ -68,7 +68,7 @@ Faults (`migrate.train.faults`) change one live object each, for tests of
 `migrate hparams` and `migrate compare`.
 
 Several processes (`parallel`, a `migrate.parallel.runtime.ParallelRun`, set
-up by `migrate.train.worker` under msrun): rank r reads its share of every
+up by `migrate.train.launch.worker` under msrun): rank r reads its share of every
 global micro-batch (`ms_data.micro_batches(shard=...)`), the accumulated
 gradients go through MindSpore's DistributedGradReducer (mean over dp) once
 per optimizer step, the logged loss is the mean over ranks and the tokens are
@@ -102,20 +102,20 @@ from migrate.run_protocol.state import Position
 from migrate.run_protocol.throughput import peak_basis
 from migrate.train.building import (MSTraining, build_training, checkpoint_names, effective_hparams,
                                     flops_per_token, measure_peak_flops)
-from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state,
-                                shard_staging_dir)
+from migrate.train.checkpoint.folder import (open_checkpoint, remove_partials, rng_state, save_checkpoint,
+                                             set_rng_state, shard_staging_dir)
 from migrate.train.config import RunConfig
-from migrate.train.dist_ckpt import layout_record, slice_table, write_optimizer_shard
+from migrate.train.checkpoint.shards import layout_record, slice_table, write_optimizer_shard
 from migrate.train.faults import check_faults
-from migrate.train.health import StepFacts
+from migrate.train.health.watch import StepFacts
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
-from migrate.train.optimizer_step import step_graphs
+from migrate.train.step.optimizer import step_graphs
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.run_log import RunLog
-from migrate.train.step_faults import parse_step_faults
-from migrate.train.step_profile import format_breakdown, profile_for
-from migrate.train.steps import PreShiftedLMLoss
+from migrate.train.step.faults import parse_step_faults
+from migrate.train.step.profile import format_breakdown, profile_for
+from migrate.train.step.cells import PreShiftedLMLoss
 
 F32 = ms.float32
 PEAK_MEASURED = "measured: best fp32 MatMul 1024x1024x1024 on this device (achievable peak, not a datasheet)"
@@ -137,9 +137,9 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     this optimizer step (1-based) as if interrupted -- the schedule still
     spans total_steps; no checkpoint is forced. parallel: this process's
     `ParallelRun` in a multi-process run (None: one process). step_faults:
-    `migrate.train.step_faults` specs, applied where the golden script applies them.
+    `migrate.train.step.faults` specs, applied where the golden script applies them.
     The health policy `stop` raises `health_log.HealthStop` (exit code 3).
-    profile: time each step's phases behind synchronised calls (`migrate.train.step_profile`),
+    profile: time each step's phases behind synchronised calls (`migrate.train.step.profile`),
     log them as time_*_s fields and print the breakdown table at the end; off, nothing changes.
     """
     if mode not in MODES:

@@ -1,6 +1,6 @@
-"""The process msrun starts on every rank: `python -m migrate.train.worker ARGS`.
+"""The process msrun starts on every rank: `python -m migrate.train.launch.worker ARGS`.
 
-`migrate train --dp N ...` (`migrate.train.launch`) builds this command line;
+`migrate train --dp N ...` (`migrate.train.launch.msrun`) builds this command line;
 msrun runs it once per rank (MS_ROLE=MS_WORKER, RANK_ID set) and once more as
 its scheduler (MS_ROLE=MS_SCHED), where `communication.init()` runs the
 cluster's meta server and never returns -- so joining the cluster is the first
@@ -22,10 +22,10 @@ import traceback
 from migrate.errors import MigrateError
 from migrate.parallel.layout import Layout
 from migrate.train.config import RunConfig
-from migrate.train.worker_files import record_exit, record_pid
+from migrate.train.launch.worker_files import record_exit, record_pid
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m migrate.train.worker")
+    p = argparse.ArgumentParser(prog="python -m migrate.train.launch.worker")
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--log-dir", required=True)
@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--optimizer-shard", action="store_true")
-    p.add_argument("--profile", action="store_true", help="time each step's phases (migrate.train.step_profile)")
+    p.add_argument("--profile", action="store_true", help="time each step's phases (migrate.train.step.profile)")
     p.add_argument("--threads", type=int, default=0, help="CPU kernel threads of this rank (0: MindSpore's default)")
     return p.parse_args(argv)
 
