@@ -20,7 +20,7 @@ from mindspore import Tensor
 
 from migrate.data.samples import load_samples, run_order
 from migrate.train.building import build_training
-from migrate.train.optimizer_step import WholeStep, clip_tensors
+from migrate.train.step.optimizer import WholeStep, clip_tensors
 
 
 def floor_step_times(cfg, steps: int) -> tuple[list[float], list[float]]:

@@ -9,7 +9,7 @@ accumulation 1) on the same tokenizer and corpus. For every size and dtype the b
 alternating and each in a fresh process, the golden script, `migrate train` and the floor
 (`bench/ms_floor.py`: forward + backward + clip + AdamW as one compiled graph) `--repeats`
 times (`--big-repeats` at the big size), then one profiled run of each trainer for the step-time breakdown
-(`migrate.train.step_profile`). A run's speed is its median steady step (the first step,
+(`migrate.train.step.profile`). A run's speed is its median steady step (the first step,
 compile and warm-up, left out); the figures are medians over the repeats with the
 min-max spread. MFU is against the matmul peak each framework reaches here on a
 2048x1024x4096 matmul in the run's dtype (measured in the same run). No asserts: figures only.
@@ -169,7 +169,7 @@ def fmt(values: list[float], digits: int = 0) -> str:
 
 
 def breakdown_table(golden: dict, ms_run: dict, floor_s: float) -> str:
-    from migrate.train.step_profile import LABELS, PHASES, field_name
+    from migrate.train.step.profile import LABELS, PHASES, field_name
 
     rows = {}
     for side, result in (("golden", golden), ("ms", ms_run)):

@@ -26,7 +26,7 @@ Writes to the output folder:
                  loss_fp64_rel_diff, loss_fp64_seq_err, loss_fp64_token_err,
                  grad_norm_fp64, grad_norm_fp64_rel_diff, grad_norm_fp64_tensor_err
   effective_hparams.json  read back from the live model/optimizer/scheduler
-  health.jsonl, health_batches/  the health watch's events (`migrate.train.health_log`)
+  health.jsonl, health_batches/  the health watch's events (`migrate.train.health.log`)
   events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`; tensorboard: false to omit)
   eval.jsonl, checkpoint-N/  when eval_interval / checkpoint_interval are set
 
@@ -54,18 +54,22 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from migrate.checkpoints.atomic import atomic_output_dir  # noqa: E402
-from migrate.data.samples import load_samples, read_meta, run_order  # noqa: E402
+from migrate.data.samples import load_samples, run_order  # noqa: E402
 from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
 from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
 from migrate.models.registry import family_of, load_model_config  # noqa: E402
 from migrate.train.config import RunConfig  # noqa: E402
 from migrate.train.decay import hf_decay_names  # noqa: E402
-from migrate.train.health import HealthWatch, StepFacts  # noqa: E402
-from migrate.train.health_log import HealthLog  # noqa: E402
-from migrate.train.step_faults import parse_step_faults  # noqa: E402
-from migrate.train.step_profile import format_breakdown, profile_for  # noqa: E402
-from migrate.train.tensorboard import RunBoard  # noqa: E402
+from migrate.run_protocol.cadence import checkpoint_due, eval_due  # noqa: E402
+from migrate.run_protocol.inputs import check_vocab, eval_rows  # noqa: E402
+from migrate.run_protocol.record import finite as _finite  # noqa: E402
+from migrate.run_protocol.record import step_record  # noqa: E402
+from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak, peak_basis  # noqa: E402
+from migrate.train.health.watch import HealthWatch, StepFacts  # noqa: E402
+from migrate.train.run_log import RunLog  # noqa: E402
+from migrate.train.step.faults import parse_step_faults  # noqa: E402
+from migrate.train.step.profile import format_breakdown, profile_for  # noqa: E402
 
 # "bf16" -> torch.bfloat16; fp32 runs without autocast
 AUTOCAST = {p.name: getattr(torch, p.compute) if p.low else None for p in PRECISIONS.values()}
@@ -287,7 +291,7 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
 
 
 def build_health_watch(cfg: RunConfig) -> HealthWatch:
-    """The health watch of run.yaml's `health:` section (`migrate.train.health`, shared with `migrate train`)."""
+    """The health watch of run.yaml's `health:` section (`migrate.train.health.watch`, shared with `migrate train`)."""
     return HealthWatch.for_run(cfg)
 
 
@@ -298,23 +302,15 @@ def throughput_basis(cfg: RunConfig) -> dict | None:
     if cfg.ms_model is None or not (Path(cfg.ms_model) / "model.yaml").is_file():
         return None
     config = load_model_config(Path(cfg.ms_model) / "model.yaml")
-    basis = {"flops_per_token": family_of(config).flops_per_token(config, cfg.seq_length),
-             "mfu": "flops_per_token * tokens_per_s / peak_flops"}
-    if cfg.peak_flops is not None:
-        return {**basis, "peak_flops": cfg.peak_flops, "source": "run config (peak_flops)"}
-    return {**basis, "peak_flops": _measure_peak_flops(),
-            "source": "measured: best fp32 torch.matmul 1024x1024x1024 on this device (achievable peak)"}
+    return peak_basis(family_of(config).flops_per_token(config, cfg.seq_length), given=None,
+                      config_peak=cfg.peak_flops, measure=_measure_peak_flops,
+                      measured_source="measured: best fp32 torch.matmul 1024x1024x1024 on this device "
+                                      "(achievable peak)")
 
 
-def _measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
+def _measure_peak_flops(size: int = PROBE_SIZE, repeats: int = 5) -> float:
     a = torch.randn(size, size, generator=torch.Generator().manual_seed(0))
-    torch.matmul(a, a)  # warm up
-    best = math.inf
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        torch.matmul(a, a)
-        best = min(best, time.perf_counter() - begin)
-    return 2.0 * size ** 3 / max(best, 1e-9)
+    return measure_peak(lambda: torch.matmul(a, a), size, repeats)
 
 
 def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
@@ -423,19 +419,21 @@ def fp64_reference(model, batches: list, cfg: RunConfig, params: list, scaler=No
 
 def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=(), profile: bool = False) -> Path:
     """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json,
-    health.jsonl, TensorBoard events). step_faults: `migrate.train.step_faults` specs, applied
+    health.jsonl, TensorBoard events). step_faults: `migrate.train.step.faults` specs, applied
     where `migrate train` applies them. The health policy `stop` raises HealthStop (exit 3).
     profile: the step-time breakdown `migrate train --profile` logs (torch CPU is synchronous,
-    so no sync is needed), as time_*_s fields and a table logged at the end."""
+    so no sync is needed), as time_*_s fields and a table logged at the end. The step record,
+    the run log, the eval and checkpoint cadence are the run protocol's (`migrate.run_protocol`,
+    `migrate.train.run_log`), as `migrate train`'s."""
     faults = parse_step_faults(step_faults)
     out = Path(out) if out is not None else cfg.out_dir.golden
     out.mkdir(parents=True, exist_ok=True)
     samples = load_samples(cfg.data, cfg.seq_length)
     order = run_order(cfg, len(samples))
-    eval_rows = _eval_rows(cfg)
+    rows_eval = eval_rows(cfg)
     seed_everything(cfg.seed)
     model = build_model(cfg)
-    _check_vocab(cfg, model)
+    check_vocab(cfg.data, model.config.vocab_size, cfg.hf_model)
     optimizer, scaler = build_optimizer(model, cfg), build_scaler(cfg)
     scheduler = build_scheduler(optimizer, cfg)
     hparams = effective_hparams(cfg, model, optimizer, scheduler, scaler)
@@ -443,15 +441,13 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     if basis is not None:
         hparams["throughput"] = basis
     (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
-    (out / "eval.jsonl").unlink(missing_ok=True)  # a rerun must not append to an old run's evals
     params = [p for g in optimizer.param_groups for p in g["params"]]
     autocast = AUTOCAST[cfg.dtype]
-    health = HealthLog(build_health_watch(cfg), out, cfg.data, cfg.seq_length, log)
-    board = RunBoard(out if cfg.tensorboard else None)
-    prof, records = profile_for(profile), []  # off: no clock, no fields
+    run_log = RunLog(out, cfg, echo=log, watch=build_health_watch(cfg))
+    prof = profile_for(profile)  # off: no clock, no fields
     reference = _step1_reference(cfg, model, params, samples, order, scaler, log)  # before the clock starts
     start, tokens = time.perf_counter(), 0
-    with open(out / "metrics.jsonl", "w") as metrics, contextlib.closing(board):
+    with contextlib.closing(run_log):
         for step in range(cfg.total_steps):
             step_start, step_tokens = time.perf_counter(), 0
             prof.begin()
@@ -485,8 +481,9 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
                 else:
                     grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
             scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
-            verdict = health.step(StepFacts(step + 1, _finite(sum(losses) / len(losses)), _finite(float(grad_norm)),
-                                            lr, scale), losses, order[step])
+            step_loss = sum(losses) / len(losses)
+            verdict = run_log.health.step(StepFacts(step + 1, _finite(step_loss), _finite(float(grad_norm)),
+                                                    lr, scale), losses, order[step])
             if verdict.action == "continue":
                 with prof.phase("optimizer"):
                     skipped = _optimizer_step(optimizer, scaler)
@@ -501,34 +498,20 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
                     g["lr"] = scheduled_lr  # an injected lr factor must not outlive its step
             optimizer.zero_grad(set_to_none=True)
             now = time.perf_counter()
-            tokens_per_s = step_tokens / max(now - step_start, 1e-9)
-            record = {"step": step + 1, "loss": _finite(sum(losses) / len(losses)), "lr": lr,
-                      "grad_norm": _finite(float(grad_norm)), "grad_norm_clipped": _finite(float(clipped_norm)),
-                      "tokens": tokens,
-                      "time": round(now - start, 4), "tokens_per_s": round(tokens_per_s, 3)}
-            if basis is not None:
-                record["mfu"] = _finite(basis["flops_per_token"] * tokens_per_s / basis["peak_flops"])
-            if scaler:
-                record.update(loss_scale=scale, skipped=skipped)
-            elif verdict.action != "continue":
-                record["skipped"] = True
-            if verdict.events:
-                record["health"] = [e.kind for e in verdict.events]
-            if step == 0:
-                record.update(reference)
-            record.update(prof.end(now - step_start))
-            records.append(record)
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
-            board.step(record, events=verdict.events)
-            log(f"step {step + 1}/{cfg.total_steps} loss {record['loss']} lr {lr:.3e} grad_norm {record['grad_norm']}")
-            health.stop_if(verdict)
-            if eval_rows is not None and (step + 1) % cfg.eval_interval == 0:
-                _evaluate(model, eval_rows, cfg, out, step + 1)
-            if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
+            record = step_record(step + 1, step_loss, lr, float(grad_norm), float(clipped_norm), tokens=tokens,
+                                 step_tokens=step_tokens, step_seconds=now - step_start, run_seconds=now - start,
+                                 flops_per_token=basis["flops_per_token"] if basis is not None else None,
+                                 peak_flops=basis["peak_flops"] if basis is not None else None,
+                                 loss_scale=scale, skipped=skipped, health=[e.kind for e in verdict.events],
+                                 extra=[reference if step == 0 else {}, prof.end(now - step_start)])
+            run_log.step(record, verdict)
+            run_log.health.stop_if(verdict)
+            if rows_eval is not None and eval_due(cfg, step + 1):
+                run_log.eval(step + 1, _evaluate(model, rows_eval, cfg), len(rows_eval))
+            if checkpoint_due(cfg, step + 1):
                 _save_checkpoint(model, optimizer, scheduler, scaler, cfg, out, step + 1)
     if profile:
-        log(format_breakdown(records, "golden PyTorch step time"))
+        log(format_breakdown(run_log.metrics.records(), "golden PyTorch step time"))
     return out
 
 
@@ -550,13 +533,6 @@ def _step1_reference(cfg: RunConfig, model, params, samples, order, scaler, log)
     return reference
 
 
-def _check_vocab(cfg: RunConfig, model) -> None:
-    vocab = read_meta(cfg.data)["tokenizer"]["vocab_size"]
-    if vocab > model.config.vocab_size:
-        raise MigrateError(f"{cfg.data} was tokenized with a {vocab}-token vocabulary, "
-                           f"but {cfg.hf_model} has only {model.config.vocab_size} embeddings")
-
-
 def _optimizer_step(optimizer, scaler) -> bool:
     """Step; True when the fp16 scaler skipped it for inf/nan gradients (as HF/accelerate detect it)."""
     if scaler is None:
@@ -572,19 +548,8 @@ def _autocast(dtype):
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
-def _finite(x: float):
-    return x if math.isfinite(x) else None  # JSON has no inf/nan
-
-
-def _eval_rows(cfg: RunConfig):
-    if not cfg.eval_interval:
-        return None
-    rows = load_samples(cfg.eval_data, cfg.seq_length)
-    return rows[: cfg.eval_samples] if cfg.eval_samples else rows
-
-
 @torch.no_grad()
-def _evaluate(model, rows, cfg: RunConfig, out: Path, step: int) -> None:
+def _evaluate(model, rows, cfg: RunConfig) -> float:
     """Mean loss over the eval rows in file order, micro_batch_size at a time."""
     model.eval()
     total = 0.0
@@ -593,8 +558,7 @@ def _evaluate(model, rows, cfg: RunConfig, out: Path, step: int) -> None:
         with _autocast(AUTOCAST[cfg.dtype]):
             total += micro_loss(model, batch).item() * len(batch)
     model.train()
-    with open(out / "eval.jsonl", "a") as fh:
-        fh.write(json.dumps({"step": step, "eval_loss": _finite(total / len(rows)), "samples": len(rows)}) + "\n")
+    return total / len(rows)
 
 
 def _save_checkpoint(model, optimizer, scheduler, scaler, cfg: RunConfig, out: Path, step: int) -> None:

@@ -1,6 +1,6 @@
 """`migrate health RUN`: the health watch's account of a finished or running training run.
 
-Argument parsing only; calls `migrate.train.health_summary.summarise`. The verb is declared at its
+Argument parsing only; calls `migrate.train.health.summary.summarise`. The verb is declared at its
 handler (`migrate.cli_verbs`).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from migrate.cli_verbs import arguments, verb
 def _cmd_health(args) -> int:
     import json
 
-    from migrate.train.health_summary import summarise
+    from migrate.train.health.summary import summarise
 
     code = 0
     for run in args.runs:

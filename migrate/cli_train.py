@@ -118,7 +118,7 @@ def _keymap_check_arguments(p) -> None:
 
 @verb("train", "continue pretraining the converted model on MindSpore")
 def _cmd_train(args) -> int:
-    from migrate.train.cluster import Cluster
+    from migrate.train.launch.cluster import Cluster
     from migrate.train.config import RunConfig
     from migrate.train.run import run_training
     from migrate.ui import console
@@ -165,7 +165,7 @@ group("ckpt", "work with training checkpoints", dest="ckpt_command")
 
 @verb("ckpt merge", "one single-process checkpoint from a multi-process one")
 def _cmd_ckpt_merge(args) -> int:
-    from migrate.train.ckpt import merge_checkpoint
+    from migrate.train.checkpoint.folder import merge_checkpoint
     from migrate.ui import console
 
     out = merge_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)

@@ -19,6 +19,9 @@ LAYERS = [
                     "migrate.signals", "migrate.ui"]),
     ("files", ["migrate.checkpoints", "migrate.transforms", "migrate.hf_config", "migrate.sidecar",
                "migrate.data", "migrate.parallel.layout"]),
+    # The run protocol: the step record, the checkpoint state keys, the cadence both trainers
+    # follow and `migrate compare` reads (framework-free).
+    ("run protocol", ["migrate.run_protocol"]),
     ("model descriptions", ["migrate.keymap", "migrate.keymap_schema", "migrate.models.conversion_plan",
                             "migrate.models.config", "migrate.models.gpt2_config", "migrate.models.bert_config",
                             "migrate.models.registry", "migrate.models.shapes", "migrate.models.support",
@@ -38,7 +41,7 @@ LAYERS = [
                       "migrate.cli_probe",
                       "migrate.cli_health", "migrate.cli_vocab", "migrate.cli_report",
                       "migrate.demo", "migrate.demo_train",
-                      "migrate.__main__", "migrate.train.worker", "migrate.memory_plan_measure"]),
+                      "migrate.__main__", "migrate.train.launch.worker", "migrate.memory_plan_measure"]),
 ]
 ENTRY = "entry points"  # the command line loads only what the chosen command needs
 HEAVY = {"mindspore", "torch", "transformers", "matplotlib", "peft", "tokenizers"}

@@ -16,8 +16,8 @@ from train_setup import RUN, make_run_dir, metrics
 from migrate.checkpoints.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from migrate.cli import main
 from migrate.errors import MigrateError
-from migrate.train.ckpt import LATEST, open_checkpoint
-from migrate.train.dist_ckpt import LAYOUT_FILE, shard_file
+from migrate.train.checkpoint.folder import LATEST, open_checkpoint
+from migrate.train.checkpoint.shards import LAYOUT_FILE, shard_file
 
 SHORT_RUN = (RUN.replace("total_steps: 200", "total_steps: 4").replace("warmup_steps: 20", "warmup_steps: 2")
              + "checkpoint_interval: 2\nkeep_checkpoints: 2\n")

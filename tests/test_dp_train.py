@@ -10,16 +10,17 @@ import json
 
 import numpy as np
 import pytest
+from fault_worker import EXIT_ENV as FAULT_ENV
+from fault_worker import use_fault_worker
 from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
 
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.models.loading import load_model
-from migrate.train.ckpt import open_checkpoint
-from migrate.train.dist_ckpt import LAYOUT_FILE
+from migrate.train.checkpoint.folder import open_checkpoint
+from migrate.train.checkpoint.shards import LAYOUT_FILE
 from migrate.train.ms_data import micro_batches
 from migrate.train.trainer import check_resumable, train
-from migrate.train.worker import FAULT_ENV
 
 STEPS = 50
 RUN_DP1 = RUN.replace("total_steps: 200", f"total_steps: {STEPS}") + "checkpoint_interval: 25\n"
@@ -121,6 +122,7 @@ def test_ckpt_merge_of_a_dp2_checkpoint(dp2, run_dir, capsys):
 
 
 def test_a_failing_worker_makes_the_run_exit_with_its_code(dp2, run_dir, monkeypatch, capsys):
+    use_fault_worker(monkeypatch)               # the test-side worker (tests/fault_worker.py)
     monkeypatch.setenv(FAULT_ENV, "1:3")       # rank 1 exits 3 right after joining the cluster
     monkeypatch.setenv("MS_NODE_TIMEOUT", "5")  # the msrun scheduler's wait for a dead rank (default 30 s)
     code = main(["train", "--config", str(run_dir / "run_dp2.yaml"), "--dp", "2", "--out", str(run_dir / "fail")])

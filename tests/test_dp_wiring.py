@@ -16,7 +16,7 @@ from migrate.parallel.layout import Layout
 from migrate.parallel.runtime import ParallelRun, dp_rank
 from migrate.train.optim import AdamW
 from migrate.train.parallel_setup import refuse_unsupported, wire_model_parallel, wire_parallel
-from migrate.train.steps import MicroStep
+from migrate.train.step.cells import MicroStep
 
 
 def _training(layers=4):

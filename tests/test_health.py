@@ -21,8 +21,8 @@ from migrate.data.tokenize import write_mindrecord
 from migrate.errors import MigrateError
 from migrate.compare import compare_runs
 from migrate.train.config import HealthConfig, LossScaleConfig, RunConfig, ScheduleConfig
-from migrate.train.health import HealthWatch, StepFacts
-from migrate.train.health_log import HealthStop
+from migrate.train.health.watch import HealthWatch, StepFacts
+from migrate.train.health.log import HealthStop
 from migrate.train.trainer import train
 
 golden = load_golden()

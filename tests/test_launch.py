@@ -9,8 +9,8 @@ import pytest
 from migrate.cli import main
 from migrate.models.config import LlamaConfig
 from migrate.parallel.layout import Layout
-from migrate.train.cluster import Cluster, cluster_errors
-from migrate.train.launch import (as_exit_status, free_port, local_ranks, msrun_command, worker_args,
+from migrate.train.launch.cluster import Cluster, cluster_errors
+from migrate.train.launch.msrun import (as_exit_status, free_port, local_ranks, msrun_command, worker_args,
                                   worst_exit_code)
 
 RUN = """\
@@ -117,7 +117,7 @@ def test_msrun_command_of_each_node(tmp_path):
                          "--master_port=8118", f"--log_dir={tmp_path / 'logs'}", "--join=True"]
         assert cmd[0].endswith("msrun") or cmd[1:3] == ["-m", "mindspore.parallel.cluster.run"]
         worker = cmd[cmd.index("python"):]
-        assert worker[:3] == ["python", "-m", "migrate.train.worker"]
+        assert worker[:3] == ["python", "-m", "migrate.train.launch.worker"]
         assert worker[worker.index("--dp") + 1] == "8" and worker[worker.index("--config") + 1].endswith("run.yaml")
     assert local_ranks(8, Cluster(2, 1, "10.1.2.3", 8118)) == [4, 5, 6, 7]
 

@@ -8,12 +8,12 @@ step 2), and the launcher's reading of msrun's log checked on hand-made log fold
 import signal
 
 import pytest
+from fault_worker import KILL_ENV, use_fault_worker
 from train_setup import RUN, make_run_dir
 
 from migrate.cli import main
-from migrate.train.launch import MSRUN_LOG, _outcome
-from migrate.train.worker import KILL_ENV
-from migrate.train.worker_files import exit_file, pid_file
+from migrate.train.launch.msrun import MSRUN_LOG, _outcome
+from migrate.train.launch.worker_files import exit_file, pid_file
 
 DP_RUN = (RUN.replace("total_steps: 200", "total_steps: 6").replace("warmup_steps: 20", "warmup_steps: 2")
           .replace("micro_batch_size: 4", "micro_batch_size: 2"))
@@ -25,6 +25,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_a_sigkilled_worker_is_named_with_its_signal_and_last_line(run_dir, monkeypatch, capsys):
+    use_fault_worker(monkeypatch)                # the test-side worker (tests/fault_worker.py)
     monkeypatch.setenv(KILL_ENV, "1:2")         # rank 1 SIGKILLs itself right after logging step 2
     monkeypatch.setenv("MS_NODE_TIMEOUT", "5")  # msrun's scheduler waits this long for the dead rank (default 30)
     out = run_dir / "killed"

@@ -1,4 +1,4 @@
-"""The trainer's optimizer step (`migrate.train.optimizer_step`): the gradients accumulated in
+"""The trainer's optimizer step (`migrate.train.step.optimizer`): the gradients accumulated in
 place, measured, clipped and stepped as torch's clip_grad_norm_ + AdamW step them, the
 accumulators zeroed after every step (taken or skipped), GradScaler's finite check exact, and
 the whole step as one graph only where no host decision can intervene. (That the one graph
@@ -16,7 +16,7 @@ import torch
 from mindspore import Parameter, ParameterTuple, Tensor
 
 from migrate.train.optim import AdamW, GradClipper
-from migrate.train.optimizer_step import OptimizerStep, one_graph_refusals
+from migrate.train.step.optimizer import OptimizerStep, one_graph_refusals
 
 SHAPES = [(6, 5), (5,), (3, 4, 2)]
 

@@ -15,7 +15,7 @@ from train_setup import REPO, RUN, load_cfg, make_run_dir, metrics
 from migrate.errors import MigrateError
 from migrate.export import export
 from migrate.models.loading import load_model
-from migrate.train.ckpt import LATEST, open_checkpoint
+from migrate.train.checkpoint.folder import LATEST, open_checkpoint
 from migrate.train.trainer import train
 
 RESUME_RUN = (RUN.replace("total_steps: 200", "total_steps: 24")

@@ -25,10 +25,9 @@ import numpy as np
 
 from migrate.compare.log_formats import LogFormat, log_format
 from migrate.errors import MigrateError
+from migrate.run_protocol.record import REQUIRED_KEYS  # the step record's contract, shared with both writers
 
 __all__ = ["METRICS", "REQUIRED_KEYS", "Run", "read_metrics"]
-
-REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm")
 
 
 @dataclass

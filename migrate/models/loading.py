@@ -52,15 +52,21 @@ def checkpoint_to_model_names(ms_dir: Path, config) -> dict[str, str]:
     return {ckpt_name: model_name for model_name, ckpt_name in plan.checkpoint_names.items()}
 
 
-def load_model(ms_dir: str | Path, compute_dtype: str | None = None):
+def load_model(ms_dir: str | Path, compute_dtype: str | None = None, plan: ConversionPlan | None = None):
     """(model, config) with every parameter loaded: none missing, none unexpected. The
-    model class and its config class are the ones model.yaml names (`model_class`)."""
+    model class and its config class are the ones model.yaml names (`model_class`).
+    plan: the folder's conversion plan when the caller has resolved it (the trainer): its
+    config is the one built and returned, its checkpoint names pair the tensors."""
     ms_dir = Path(ms_dir)
-    config = load_model_config(ms_dir / "model.yaml")
+    config = plan.config if plan is not None else load_model_config(ms_dir / "model.yaml")
     if compute_dtype:
         config.compute_dtype = compute_dtype
     ckpt = open_ms_checkpoint(ms_dir)  # headers only: check the fit before reading any data
-    to_model = checkpoint_to_model_names(ms_dir, config)
+    if plan is None:
+        to_model = checkpoint_to_model_names(ms_dir, config)
+    else:
+        to_model = {ckpt_name: model_name for model_name, ckpt_name in plan.checkpoint_names.items()
+                    if ckpt_name != model_name}
     specs = {to_model.get(name, name): spec for name, spec in ckpt.specs.items()}  # by model name
     model = build_lazy_model(config)
     params = {p.name: p for p in model.get_parameters()}

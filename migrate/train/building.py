@@ -7,7 +7,6 @@ schedule, the loss scaler; and what they will do, read back from them
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,15 +20,16 @@ from migrate.hf_model_config import model_config_from_hf
 from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap
 from migrate.models.loading import load_model
 from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
+from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak
 from migrate.train.config import RunConfig
 from migrate.train.knob_faults import apply_faults, check_faults
-from migrate.train.health import HealthWatch
+from migrate.train.health.watch import HealthWatch
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.lora_run import LoraRun, attach_for_training, lora_param_groups
 from migrate.train.optim import AdamW, GradClipper, LrSchedule, param_groups
 from migrate.train.precision import DynamicLossScaler, autocast_model
-from migrate.train.steps import MicroStep
+from migrate.train.step.cells import MicroStep
 
 
 @dataclass
@@ -39,7 +39,7 @@ class MSTraining:
     cfg: RunConfig
     model: object
     model_config: object
-    keymap: Keymap
+    plan: ConversionPlan  # the keymap for this model config, resolved once per run (`resolve_plan`)
     micro: MicroStep
     optimizer: AdamW
     clipper: GradClipper
@@ -49,6 +49,10 @@ class MSTraining:
     decay_rule: str = "hf"
     extra: dict = field(default_factory=dict)
     lora: LoraRun | None = None  # a LoRA run: adapters on a frozen base (migrate.train.lora_run)
+
+    @property
+    def keymap(self) -> Keymap:
+        return self.plan.keymap
 
     @property
     def loss_divisor(self) -> int:
@@ -72,18 +76,30 @@ def _trainable(config, where):
     return config
 
 
-def load_training_model(cfg: RunConfig, weights: bool = True):
-    """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy.
-    weights=False without ms_model: the config `migrate convert` would write from hf_model's config.json."""
-    if not weights and cfg.ms_model is None:
-        config = _trainable(model_config_from_hf(cfg.require("hf_model"))[1], cfg.hf_model)
+def resolve_plan(cfg: RunConfig, weights: bool = True) -> ConversionPlan:
+    """The run's conversion plan, resolved once and carried to every consumer (loading, decay
+    pairing, LoRA sites, checkpoint names, `migrate hparams`): the keymap variant and target
+    (qkv_concat, mcore) the folder was converted with, for its model config in fp32.
+    weights=False without ms_model: the keymap and config `migrate convert` would pick from
+    hf_model's config.json."""
+    if not weights and cfg.ms_model is None:  # none converted: the family of hf_model's config.json
+        keymap, config = model_config_from_hf(cfg.require("hf_model"))
+        config = _trainable(config, cfg.hf_model)
     else:
         config = trainable_model_config(cfg.require("ms_model"))
+        keymap = Keymap.load(recorded_keymap(cfg.require("ms_model")))
+    config.compute_dtype = "float32"
+    return ConversionPlan(keymap.for_model(config.to_dict()), config)
+
+
+def load_training_model(cfg: RunConfig, weights: bool = True, plan: ConversionPlan | None = None):
+    """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy;
+    config is plan.config (`resolve_plan`)."""
+    plan = plan or resolve_plan(cfg, weights)
+    config = plan.config
     if weights:
-        ms_dir = cfg.require("ms_model")
-        model, config = load_model(ms_dir, compute_dtype="float32")
+        model, config = load_model(cfg.require("ms_model"), plan=plan)
     else:
-        config.compute_dtype = "float32"
         model = build_model(config)
     config.attention_dropout = cfg.dropout  # the golden sets every *dropout field
     for layer in model.model.layers:
@@ -99,28 +115,26 @@ def load_training_model(cfg: RunConfig, weights: bool = True):
 def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, weights: bool = True) -> MSTraining:
     faults = check_faults(faults)
     if model is None:
-        model, model_config = load_training_model(cfg, weights)
-    model_config = model_config or model.config
-    # The variant and target (qkv_concat, mcore) the folder was converted to pair the parameters.
-    if not weights and cfg.ms_model is None:  # none converted: the family of hf_model's config.json
-        keymap = model_config_from_hf(cfg.require("hf_model"))[0].for_model(model_config.to_dict())
-    else:
-        keymap = Keymap.load(recorded_keymap(cfg.require("ms_model"))).for_model(model_config.to_dict())
+        plan = resolve_plan(cfg, weights)
+        model, model_config = load_training_model(cfg, weights, plan)
+    else:  # a model built by the caller: the plan for its config
+        model_config = model_config or model.config
+        plan = ConversionPlan(resolve_plan(cfg, weights).keymap.for_model(model_config.to_dict()), model_config)
     # The knobs come from the config; an injected fault adjusts them (migrate.train.knob_faults).
     knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
     opt = cfg.optimizer
     lora = None
     if cfg.lora is not None:
-        lora = attach_for_training(model, model_config, keymap, cfg, weights=weights)
+        lora = attach_for_training(model, plan, cfg, weights=weights)
         groups = lora_param_groups(model, lora, cfg, knobs.decay_rule)
     else:
-        groups = param_groups(model, cfg, keymap, knobs.decay_rule)
+        groups = param_groups(model, cfg, plan, knobs.decay_rule)
     optimizer = AdamW(groups, lr=opt.lr, betas=opt.betas, eps=knobs.eps, bias_correction=knobs.bias_correction)
     micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor)
     scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
     clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
     schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift)
-    return MSTraining(cfg, model, model_config, keymap, micro, optimizer, clipper, schedule, scaler, faults,
+    return MSTraining(cfg, model, model_config, plan, micro, optimizer, clipper, schedule, scaler, faults,
                       knobs.decay_rule, lora=lora)
 
 
@@ -128,7 +142,7 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
 def checkpoint_names(training: MSTraining) -> dict[str, str]:
     """Model parameter name -> the name the converted folder's checkpoint uses (a keymap
     target that renames, e.g. mcore), so training checkpoints read like that folder."""
-    return ConversionPlan(training.keymap, training.model_config).checkpoint_names
+    return training.plan.checkpoint_names
 
 
 def flops_per_token(config, seq_length: int) -> int:
@@ -136,17 +150,11 @@ def flops_per_token(config, seq_length: int) -> int:
     return family_of(config).flops_per_token(config, seq_length)
 
 
-def measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 matmul throughput of MindSpore here (flop/s), one op at a time."""
+def measure_peak_flops(size: int = PROBE_SIZE, repeats: int = 5) -> float:
+    """Best fp32 matmul throughput of MindSpore here (flop/s), one op at a time (`run_protocol.throughput`)."""
     a = Tensor(np.random.default_rng(0).standard_normal((size, size), np.float32))
     matmul = ops.MatMul()
-    matmul(a, a).asnumpy()  # warm up (kernel selection, threads)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, a).asnumpy()
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size ** 3 / max(best, 1e-9)
+    return measure_peak(lambda: matmul(a, a).asnumpy(), size, repeats)
 
 
 # ---------- effective hparams ----------

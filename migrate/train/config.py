@@ -149,7 +149,7 @@ REFERENCES = ("auto", "fp64", "off")
 
 @dataclass
 class HealthConfig:
-    """The training health watch (`migrate.train.health`): what makes an event, what to do about it."""
+    """The training health watch (`migrate.train.health.watch`): what makes an event, what to do about it."""
 
     policy: str = "warn"               # warn | skip (no optimizer or scheduler step) | stop (exit 3)
     verdict_step: int = 100            # the verdict line after this step (at the end of a shorter run)
@@ -212,7 +212,7 @@ class RunConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     out_dir: OutDirs = field(default_factory=OutDirs)
     lora: LoraSpec | None = None       # LoRA instead of full training (migrate.lora.spec)
-    health: HealthConfig = field(default_factory=HealthConfig)  # the health watch (migrate.train.health)
+    health: HealthConfig = field(default_factory=HealthConfig)  # the health watch (migrate.train.health.watch)
     tensorboard: bool = True           # TensorBoard event files in the run folder (migrate.train.tensorboard)
     reference: Any = "auto"            # golden only: auto | fp64 | off, its step-1 loss and grad norm in float64 too
     source: Path | None = field(default=None, compare=False)  # the YAML file, when loaded from one

@@ -67,11 +67,17 @@ def ms_decay_names(ms_param_names: Iterable[str], keymap, ms_config,
     parameter (`--qkv-concat`'s w_qkv) decays iff all the HF tensors it holds do;
     sources that disagree (a weight fused with a bias) cannot be trained alike.
     """
-    sources = hf_sources(ConversionPlan(keymap, ms_config))
+    return plan_decay_names(ms_param_names, ConversionPlan(keymap, ms_config), no_decay_rules, hf_decay)
+
+
+def plan_decay_names(ms_param_names: Iterable[str], plan: ConversionPlan,
+                     no_decay_rules: Iterable[str] = HF_DEFAULT, hf_decay: set[str] | None = None) -> set[str]:
+    """`ms_decay_names` through a resolved conversion plan (the trainer's, resolved once per run)."""
+    sources = hf_sources(plan)
     names = list(ms_param_names)
     unpaired = [n for n in names if n not in sources]
     if unpaired:
-        raise MigrateError(f"keymap {keymap.name} pairs no HF parameter with MindSpore "
+        raise MigrateError(f"keymap {plan.keymap.name} pairs no HF parameter with MindSpore "
                            f"{', '.join(unpaired[:5])}{' ...' if len(unpaired) > 5 else ''}")
     rules = list(no_decay_rules)
 

@@ -32,7 +32,7 @@ from typing import Any
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.train.building import build_training
 from migrate.train.config import RunConfig
-from migrate.train.health import HealthWatch
+from migrate.train.health.watch import HealthWatch
 from migrate.train.lora_run import peft_parameter_name
 
 LR_REL = 1e-12
@@ -235,7 +235,7 @@ def hparams_report(cfg: RunConfig, faults=()) -> HparamsReport:
     rows = [HparamRow("optimizer", g["optimizer"], m["optimizer"], True, "torch semantics on both sides")]
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], g[knob] == m[knob]))
-    pairing = ConversionPlan(training.keymap, training.model_config)  # MindSpore name <- HF names
+    pairing = training.plan  # MindSpore name <- HF names: the run's plan, resolved once
     adapters = lora_names(training.lora)
     rows.append(_set_row("decayed_parameters", g["decayed"], m["decayed"], pairing, adapters))
     rows.append(_set_row("not_decayed_parameters", g["not_decayed"], m["not_decayed"], pairing, adapters))

@@ -1,6 +1,6 @@
 """LoRA in a MindSpore training run: adapters on the converted model, the base frozen.
 
-    run = attach_for_training(model, model_config, keymap, cfg)   # after the model is built
+    run = attach_for_training(model, plan, cfg)   # after the model is built
     groups = lora_param_groups(run, cfg, decay_rule)              # AdamW over the adapters alone
     run.record(model)                                             # effective_hparams.json's "lora"
 
@@ -63,10 +63,10 @@ def peft_parameter_name(hf_module: str, which: str) -> str:
     return f"base_model.model.{hf_module}.lora_{which}.{PEFT_ADAPTER_NAME}.weight"
 
 
-def attach_for_training(model, model_config, keymap, cfg: RunConfig, weights: bool = True) -> LoraRun:
-    """Freeze the base, add the run's adapters (from their shared initial bits), fingerprint the base."""
+def attach_for_training(model, plan: ConversionPlan, cfg: RunConfig, weights: bool = True) -> LoraRun:
+    """Freeze the base, add the run's adapters (from their shared initial bits), fingerprint the base.
+    plan: the run's conversion plan (`building.resolve_plan`), which places the adapters."""
     spec = cfg.lora
-    plan = ConversionPlan(keymap, model_config)
     sites = resolve_targets(spec, plan)
     params = {p.name: p for p in model.get_parameters()}
     base = None
@@ -81,7 +81,7 @@ def attach_for_training(model, model_config, keymap, cfg: RunConfig, weights: bo
     if cfg.recompute:
         for layer in model.model.layers:
             layer.recompute()  # again: Cell.recompute marks the cells below it at the time of the call
-    return LoraRun(spec, sites, base, keymap.name)
+    return LoraRun(spec, sites, base, plan.keymap.name)
 
 
 def lora_param_groups(model, run: LoraRun, cfg: RunConfig, decay_rule: str = "hf") -> list[dict]:

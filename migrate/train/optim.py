@@ -34,7 +34,7 @@ from mindspore.common.initializer import initializer
 
 from migrate.errors import MigrateError
 from migrate.train.config import HFSchedule, RunConfig
-from migrate.train.decay import ms_decay_names
+from migrate.train.decay import plan_decay_names
 from migrate.train.schedule import hf_lr
 
 F32 = ms.float32
@@ -127,7 +127,7 @@ class AdamW:
 
     def advance(self) -> tuple:
         """Count one optimizer step and return its arguments for `update` (a graph that embeds
-        `update` steps the optimizer inside it, `migrate.train.optimizer_step`)."""
+        `update` steps the optimizer inside it, `migrate.train.step.optimizer`)."""
         self.step_count += 1
         return self.step_args(self.step_count)
 
@@ -160,18 +160,18 @@ class AdamW:
         self.step_count = int(state["step"])
 
 
-def param_groups(model, cfg: RunConfig, keymap, decay_rule: str = "hf") -> list[dict]:
+def param_groups(model, cfg: RunConfig, plan, decay_rule: str = "hf") -> list[dict]:
     """[decayed, not decayed] trainable parameters of the bundled model.
 
     decay_rule "hf": HF Trainer's groups carried over through the keymap
-    (`ms_decay_names`); "mindspore": nn.AdamWeightDecay's default filter, which
+    (`decay.plan_decay_names`, the run's plan); "mindspore": nn.AdamWeightDecay's default filter, which
     decays every parameter whose name lacks "beta"/"gamma" (biases and norm
     weights included) -- a fault to inject, never the default.
     """
     params = list(model.trainable_params())
     names = [p.name for p in params]
     if decay_rule == "hf":
-        decay = ms_decay_names(names, keymap, model.config, cfg.optimizer.no_decay)
+        decay = plan_decay_names(names, plan, cfg.optimizer.no_decay)
     elif decay_rule == "mindspore":
         decay = {n for n in names if "beta" not in n and "gamma" not in n}
     else:
@@ -184,7 +184,7 @@ def param_groups(model, cfg: RunConfig, keymap, decay_rule: str = "hf") -> list[
 class GradClipper:
     """torch.nn.utils.clip_grad_norm_ (norm type 2) over the accumulated gradients: the knobs.
 
-    The graphs that measure and clip live in `migrate.train.optimizer_step`. With a
+    The graphs that measure and clip live in `migrate.train.step.optimizer`. With a
     loss scale the gradients are first unscaled (GradScaler.unscale_). `max_norm`
     None or 0: nothing is clipped, the norm is still computed. The clipped norm is
     measured on the clipped tensors (logged as grad_norm_clipped): it is the one

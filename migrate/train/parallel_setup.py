@@ -25,8 +25,8 @@ from migrate.parallel.context import needs_auto_parallel
 from migrate.parallel.layout import Layout, validate
 from migrate.parallel.pipeline import assign_pipeline_stages, build_pipeline_network, pipeline_grad_reducer
 from migrate.parallel.strategy import assign_strategies
-from migrate.train.cluster import cluster_errors
-from migrate.train.steps import PreShiftedLMLoss, pipeline_micro_step
+from migrate.train.launch.cluster import cluster_errors
+from migrate.train.step.cells import PreShiftedLMLoss, pipeline_micro_step
 
 
 def run_layout_of(cfg, dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,

@@ -13,10 +13,10 @@ from typing import Callable
 
 from migrate.errors import MigrateError
 from migrate.train.building import trainable_model_config
-from migrate.train.ckpt import open_checkpoint
-from migrate.train.cluster import Cluster
+from migrate.train.checkpoint.folder import open_checkpoint
+from migrate.train.launch.cluster import Cluster
 from migrate.train.config import RunConfig
-from migrate.train.launch import launch
+from migrate.train.launch.msrun import launch
 from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
 from migrate.train.trainer import check_resumable, train
 
@@ -35,7 +35,7 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
                  echo: Callable[[str], None] = print, step_faults=(), profile: bool = False) -> Path:
     """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
     and, with several processes, rank 0's progress lines. profile: the step-time breakdown
-    (`migrate.train.step_profile`), logged and printed at the end."""
+    (`migrate.train.step.profile`), logged and printed at the end."""
     cfg = RunConfig.load(config)
     layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
     errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)

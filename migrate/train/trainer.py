@@ -4,6 +4,12 @@ step for step what golden/train_torch.py does on the HF model.
     out = train(cfg, out_dir=None, resume=None, progress=True,
                 mode="graph", faults=(), peak_flops=None, log=None)
 
+The run is a recipe (`MindSporeRecipe`): `setup` builds every live object and the run log,
+`resume` loads a checkpoint into them, `step` runs one optimizer step and returns its
+record, `save` writes a checkpoint, `train` is the loop. The step record, its log line, the
+eval and checkpoint cadence, the checkpoint state keys and the resume checks are the run
+protocol's (`migrate.run_protocol`), the very ones golden/train_torch.py uses.
+
 Per optimizer step s (1-based), exactly as the golden script:
   * lr = lr_at(s' ) with s' the scheduler position (optimizer steps taken; an
     fp16 step skipped for overflow does not advance it);
@@ -37,21 +43,21 @@ Writes to the output folder (default cfg.out_dir.ms):
                   used) and skipped; a step the health watch flags adds health
                   (its event kinds), and skipped where the policy skipped it;
                   with profile=True the step-time breakdown, time_*_s
-                  (`migrate.train.step_profile`)
+                  (`migrate.train.step.profile`)
   effective_hparams.json  read back from the live MindSpore objects
-  health.jsonl, health_batches/  the health watch's events (`migrate.train.health`,
-                  `migrate.train.health_log`), decided as the golden script decides
+  health.jsonl, health_batches/  the health watch's events (`migrate.train.health.watch`,
+                  `migrate.train.health.log`), decided as the golden script decides
   events.out.tfevents.*  TensorBoard scalars (`migrate.train.tensorboard`)
   eval.jsonl      when eval_interval is set (as the golden script)
   checkpoints/checkpoint-N/, checkpoints/latest   when checkpoint_interval is
-                  set (layout in `migrate.train.ckpt`)
+                  set (layout in `migrate.train.checkpoint.folder`)
 
 MFU = flops_per_token * tokens_per_s / peak_flops, flops_per_token = 6 * N +
 12 * layers * seq_length * (heads * head_dim) (PaLM's estimate; N = the
 parameters that take part in matmuls: all but the input embedding table,
 which counts once when tied as the LM head, and the norms; computed from the
 family's anatomy, `migrate.models.anatomy`). Recompute is not counted (it is
-model FLOPs utilisation). The peak is the `peak_flops` argument, else run.yaml's
+model FLOPs utilisation). The peak (`migrate.run_protocol.throughput`) is the `peak_flops` argument, else run.yaml's
 `peak_flops`; with neither it is measured at start as
 the best fp32 matmul throughput of MindSpore on this device (2 * 1024^3 flops
 per call) -- on a CPU an achievable-peak estimate, not a datasheet figure;
@@ -62,7 +68,7 @@ Faults (`migrate.train.knob_faults`) change one live object each, for tests of
 `migrate hparams` and `migrate compare`.
 
 Several processes (`parallel`, a `migrate.parallel.runtime.ParallelRun`, set
-up by `migrate.train.worker` under msrun): rank r reads its share of every
+up by `migrate.train.launch.worker` under msrun): rank r reads its share of every
 global micro-batch (`ms_data.micro_batches(shard=...)`), the accumulated
 gradients go through MindSpore's DistributedGradReducer (mean over dp) once
 per optimizer step, the logged loss is the mean over ranks and the tokens are
@@ -75,7 +81,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -85,35 +90,36 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
-from migrate.checkpoints.integrity import STATE_FILE
-from migrate.data.samples import load_samples, read_meta
 from migrate.errors import MigrateError
+from migrate.models.mode import MODES, execution_mode
 from migrate.models.registry import load_model_config
 from migrate.parallel.layout import Layout
+from migrate.run_protocol import state as run_state
+from migrate.run_protocol.cadence import checkpoint_due, eval_due
+from migrate.run_protocol.inputs import check_vocab, eval_rows
+from migrate.run_protocol.record import finite, step_record
+from migrate.run_protocol.state import Position
+from migrate.run_protocol.throughput import peak_basis
 from migrate.train.building import (MSTraining, build_training, checkpoint_names, effective_hparams,
                                     flops_per_token, measure_peak_flops)
-from migrate.train.ckpt import (open_checkpoint, remove_partials, rng_state, save_checkpoint, set_rng_state,
-                                shard_staging_dir)
-from migrate.train.ckpt_files import RNG_FILE
+from migrate.train.checkpoint.folder import (open_checkpoint, remove_partials, rng_state, save_checkpoint,
+                                             set_rng_state, shard_staging_dir)
 from migrate.train.config import RunConfig
-from migrate.train.dist_ckpt import layout_record, slice_table, write_optimizer_shard
+from migrate.train.checkpoint.shards import layout_record, slice_table, write_optimizer_shard
 from migrate.train.knob_faults import check_faults
-from migrate.train.health import HealthWatch, StepFacts
-from migrate.train.health_log import HealthLog, replay
+from migrate.train.health.watch import StepFacts
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
-from migrate.train.optimizer_step import step_graphs
+from migrate.train.step.optimizer import step_graphs
 from migrate.train.parallel_setup import wire_parallel
-from migrate.train.step_faults import parse_step_faults
-from migrate.train.step_profile import format_breakdown, profile_for
-from migrate.train.steps import PreShiftedLMLoss
-from migrate.train.tensorboard import RunBoard
+from migrate.train.run_log import RunLog
+from migrate.train.step.faults import parse_step_faults
+from migrate.train.step.profile import format_breakdown, profile_for
+from migrate.train.step.cells import PreShiftedLMLoss
 
 F32 = ms.float32
-MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
-# Keys of the resumed run's config that may differ from the checkpoint's.
-RESUME_FREE = {"checkpoint_interval", "keep_checkpoints", "out_dir", "eval_data", "eval_interval", "eval_samples",
-               "peak_flops", "health", "tensorboard"}
+PEAK_MEASURED = "measured: best fp32 MatMul 1024x1024x1024 on this device (achievable peak, not a datasheet)"
+PEAK_UNMEASURED = "not measured on this rank (rank 0 logs MFU)"
 
 
 # ---------- the run ----------
@@ -131,24 +137,224 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     this optimizer step (1-based) as if interrupted -- the schedule still
     spans total_steps; no checkpoint is forced. parallel: this process's
     `ParallelRun` in a multi-process run (None: one process). step_faults:
-    `migrate.train.step_faults` specs, applied where the golden script applies them.
+    `migrate.train.step.faults` specs, applied where the golden script applies them.
     The health policy `stop` raises `health_log.HealthStop` (exit code 3).
-    profile: time each step's phases behind synchronised calls (`migrate.train.step_profile`),
+    profile: time each step's phases behind synchronised calls (`migrate.train.step.profile`),
     log them as time_*_s fields and print the breakdown table at the end; off, nothing changes.
     """
     if mode not in MODES:
         raise MigrateError(f"unknown mode {mode!r}; use graph or pynative")
-    faults = check_faults(faults)
-    step_faults = parse_step_faults(step_faults)
-    health_echo = log or _echo_stderr  # health events are shown even without a step log
-    out = Path(out_dir) if out_dir is not None else cfg.out_dir.ms
-    previous_mode = ms.get_context("mode")
-    ms.set_context(mode=MODES[mode])
-    try:
-        return _train(cfg, out, resume, progress, mode, faults, peak_flops, log or (lambda line: None), stop_after,
-                      parallel, step_faults, health_echo, profile)
-    finally:
-        ms.set_context(mode=previous_mode)
+    recipe = MindSporeRecipe(cfg, out_dir, mode=mode, faults=faults, peak_flops=peak_flops, log=log,
+                             parallel=parallel, step_faults=step_faults, profile=profile)
+    with execution_mode(mode):
+        return recipe.train(resume, stop_after=stop_after, progress=progress)
+
+
+class MindSporeRecipe:
+    """One MindSpore training run: setup / resume / step / save, and the loop over them (`train`)."""
+
+    def __init__(self, cfg: RunConfig, out_dir=None, *, mode: str = "graph", faults=(), peak_flops=None, log=None,
+                 parallel=None, step_faults=(), profile: bool = False):
+        self.cfg, self.mode, self.parallel, self.profile = cfg, mode, parallel, profile
+        self.faults = check_faults(faults)
+        self.step_faults = parse_step_faults(step_faults)
+        self.peak_flops = peak_flops
+        self.log = log or (lambda line: None)
+        self.health_echo = log or _echo_stderr  # health events are shown even without a step log
+        self.out = Path(out_dir) if out_dir is not None else cfg.out_dir.ms
+        self.layout = run_layout(cfg, parallel)
+        self.writer = parallel is None or parallel.is_writer  # rank 0 alone writes the run folder
+        self.position = Position()
+
+    # ---------- setup ----------
+    def setup(self, resume=None) -> None:
+        """Check the inputs, build every live object (resumed from `resume` when given) and the run log."""
+        cfg, layout, parallel = self.cfg, self.layout, self.parallel
+        if self.writer:
+            self.out.mkdir(parents=True, exist_ok=True)
+        # Under pp, one trainer micro-step feeds the Pipeline micro_batches micro-batches at once.
+        data_cfg = cfg if layout.pp == 1 else cfg.replace(micro_batch_size=cfg.micro_batch_size * layout.micro_batches)
+        self.order = training_order(data_cfg, layout.dp)
+        check_vocab(cfg.data, load_model_config(Path(cfg.require("ms_model")) / "model.yaml").vocab_size, cfg.ms_model)
+        checkpoint = open_checkpoint(resume) if resume is not None else None
+        if checkpoint is not None:
+            check_resumable(checkpoint, cfg, self.faults, layout)
+        if self.writer:
+            remove_partials(self.out)  # a killed run's half-written checkpoint
+        _seed_everything(cfg.seed)
+        self.training = training = build_training(cfg, self.faults)
+        if parallel is not None:
+            wire_parallel(training, parallel)
+        previous = self.resume(checkpoint) if checkpoint is not None else []
+        measure = measure_peak_flops if self.writer else None
+        self.peak = peak_basis(flops_per_token(training.model_config, cfg.seq_length), given=self.peak_flops,
+                               config_peak=cfg.peak_flops, measure=measure, measured_source=PEAK_MEASURED,
+                               unmeasured=PEAK_UNMEASURED)
+        out = self.out if self.writer else None
+        if out is not None:
+            hparams = effective_hparams(training, self.peak)
+            if parallel is not None:
+                hparams["parallel"] = parallel.describe()
+            (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
+        self.eval_rows = eval_rows(cfg) if self.writer else None
+        self.run_log = RunLog(out, cfg, echo=self.log, health_echo=self.health_echo, start=self.position.step,
+                              previous=previous)
+        # After wire_parallel: pp swaps the micro-step. One graph per step where no host decision can intervene.
+        self.graphs = step_graphs(training, parallel=parallel, poisons=bool(self.step_faults.steps.get("nan_grad")),
+                                  profile=self.profile)
+        self.eval_step = PreShiftedLMLoss(training.model) if self.eval_rows is not None else None
+        self.batches = micro_batches(data_cfg, self.position.step, self.order,
+                                     shard=parallel.data_shard if parallel is not None else (1, 0))
+        # Measurement only; off: no sync, no fields. A CPU graph call returns when it is done (measured).
+        self.prof = profile_for(self.profile, None if ms.get_context("device_target") == "CPU"
+                                else ms.runtime.synchronize)
+        self.run_start = time.perf_counter() - self.position.elapsed
+
+    def resume(self, checkpoint) -> list[str]:
+        """Load `checkpoint` into the live objects and the position; returns its metrics lines."""
+        training = self.training
+        model_name = {saved: own for own, saved in checkpoint_names(training).items()}
+        params = {model_name.get(name, name): value for name, value in checkpoint.parameters().items()}
+        not_loaded, unused = ms.load_param_into_net(training.model, params, strict_load=True)
+        if training.lora is not None:  # the frozen base comes from ms_model, the checkpoint holds the adapters
+            check_checkpoint_base(checkpoint.lora or {}, training.lora, checkpoint.path)
+            adapters = {p.name for p in training.lora.parameters(training.model)}
+            not_loaded = [name for name in not_loaded if name in adapters]
+        if not_loaded or unused:
+            raise MigrateError(f"checkpoint {checkpoint.path} does not fit the model: "
+                               f"{len(not_loaded)} parameters not loaded, {len(unused)} entries unused")
+        training.optimizer.load_state_dict(checkpoint.optimizer_state())
+        state = checkpoint.state
+        if training.scaler is not None:
+            training.scaler.load_state_dict(state[run_state.LOSS_SCALE])
+        self.position = Position.from_state(state)
+        self.position.step = checkpoint.step
+        set_rng_state(state[run_state.RNG])
+        return checkpoint.metrics_text.splitlines(keepends=True)
+
+    # ---------- one optimizer step ----------
+    def step(self, step: int):
+        """Optimizer step step + 1: accumulate, reduce, clip, decide, step. Returns (record, health verdict)."""
+        training, graphs, prof, pos = self.training, self.graphs, self.prof, self.position
+        scaler, parallel = training.scaler, self.parallel
+        step_start = time.perf_counter()
+        prof.begin()
+        lr = training.schedule.lr(pos.scheduler_step) * self.step_faults.lr_factor(step + 1)
+        training.optimizer.set_lr(lr)
+        scale = scaler.scale if scaler is not None else 1.0
+        with prof.phase("data"):
+            batch = self._batch(step)
+        with prof.phase("fwd_bwd"):
+            losses = graphs.forward_backward(batch, Tensor(np.float32(scale)))
+        step_tokens = sum(int(rows[:, 1:].size) for rows in batch) * self.layout.dp  # every dp rank reads as many
+        pos.tokens += step_tokens
+        loss = sum(losses) / len(losses)
+        if parallel is not None:
+            with prof.phase("reduce"):
+                graphs.reduce_grads(parallel.reduce_grads)
+                loss = parallel.mean_over_ranks(loss)
+        if self.step_faults.poison_grad(step + 1):  # before unscaling, as the golden: fp16's scaler sees it
+            graphs.poison_grad()
+        with prof.phase("clip"):
+            norm = graphs.measure(scaler.inv_scale if scaler is not None else 1.0)
+            all_finite = graphs.all_finite(norm) if scaler is not None else math.isfinite(norm)
+        loss_scale = scale if scaler is not None else None
+        verdict = self.run_log.health.step(StepFacts(step + 1, finite(loss), finite(norm), lr, loss_scale),
+                                           losses, self.order[step])
+        # fp16 overflow, or the health policy skips (or stops at) this step: no optimizer, no scheduler step
+        skipped = (scaler is not None and not all_finite) or verdict.action != "continue"
+        with prof.phase("optimizer"):
+            clipped_norm = graphs.finish(apply=not skipped)  # skipped: the clipped norm alone
+        if not skipped:
+            pos.scheduler_step += 1
+        if scaler is not None:
+            scaler.update(found_inf=not all_finite)
+        pos.step = step + 1
+        now = time.perf_counter()
+        record = step_record(step + 1, loss, lr, norm, clipped_norm, tokens=pos.tokens, step_tokens=step_tokens,
+                             step_seconds=now - step_start, run_seconds=now - self.run_start,
+                             flops_per_token=self.peak["flops_per_token"], peak_flops=self.peak["peak_flops"],
+                             loss_scale=loss_scale, skipped=skipped, health=[e.kind for e in verdict.events],
+                             extra=[prof.end(now - step_start)])
+        return record, verdict
+
+    def _batch(self, step: int) -> list:
+        batch = []
+        for micro in range(self.cfg.grad_accum_steps):
+            s, m, rows = next(self.batches)
+            if (s, m) != (step, micro):  # the pipeline and the loop must never part
+                raise MigrateError(f"data pipeline at step {s + 1} micro {m}, trainer at {step + 1} {micro}")
+            batch.append(rows)
+        return batch
+
+    # ---------- eval and checkpoints ----------
+    def evaluate(self, step: int) -> None:
+        """Mean loss over the eval rows in file order, micro_batch_size at a time (as the golden script)."""
+        model, rows, size = self.training.model, self.eval_rows, self.cfg.micro_batch_size
+        model.set_train(False)
+        total = 0.0
+        for start in range(0, len(rows), size):
+            batch = np.asarray(rows[start:start + size], dtype=np.int32)
+            loss = self.eval_step(Tensor(np.ascontiguousarray(batch[:, :-1])),
+                                  Tensor(np.ascontiguousarray(batch[:, 1:])))
+            total += float(loss.asnumpy()) * len(batch)
+        model.set_train(True)
+        self.run_log.eval(step, total / len(rows), len(rows))
+
+    def save(self, step: int) -> None:
+        """Checkpoint after `step`: rank 0 writes it; with optimizer sharding every rank first writes its shard."""
+        training, parallel, cfg = self.training, self.parallel, self.cfg
+        state = run_state.run_state(self.position, elapsed=time.perf_counter() - self.run_start,
+                                    loss_scale=training.scaler.state_dict() if training.scaler is not None else None,
+                                    global_batch=self.layout.global_batch, rng=rng_state(), faults=self.faults,
+                                    keymap=training.keymap.name, mode=self.mode, config=cfg.to_dict(),
+                                    layout=self.layout)
+        layout_file, staging = None, None
+        if parallel is not None:
+            layout_file = layout_record(parallel.layout, parallel.size)
+            if layout_file["optimizer_shard"]:
+                staging = self._write_optimizer_shard(step)
+                layout_file["optimizer_slices"] = slice_table(self._moment_shapes(), parallel.layout.dp)
+                parallel.barrier()  # every shard file is in place before rank 0 assembles the folder
+        if self.writer:
+            save_checkpoint(self.out, step, model=training.model, model_config=training.model_config,
+                            optimizer=training.optimizer, state=state, metrics_text=self.run_log.metrics.text,
+                            sidecar_src=cfg.ms_model, keep=cfg.keep_checkpoints, parallel_layout=layout_file,
+                            shard_staging=staging, param_names=checkpoint_names(training),
+                            **_lora_content(training, cfg))
+
+    def _moment_shapes(self) -> dict:
+        optimizer = self.training.optimizer
+        return {p.name: tuple(q.shape) for p, q in zip((*optimizer.exp_avg, *optimizer.exp_avg_sq),
+                                                       (*optimizer.parameters, *optimizer.parameters))}
+
+    def _write_optimizer_shard(self, step: int) -> Path:
+        optimizer, parallel = self.training.optimizer, self.parallel
+        moments = {p.name: p.asnumpy() for p in (*optimizer.exp_avg, *optimizer.exp_avg_sq)}
+        staging = shard_staging_dir(self.out, step)
+        write_optimizer_shard(staging, parallel.rank, parallel.layout.dp, moments, self._moment_shapes())
+        return staging
+
+    # ---------- the loop ----------
+    def train(self, resume=None, *, stop_after: int | None = None, progress: bool = True) -> Path:
+        """setup, then step / log / eval / save to total_steps (or stop_after); returns the run folder."""
+        cfg = self.cfg
+        self.setup(resume)
+        last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
+        with _progress_bar(progress and self.writer, cfg.total_steps, self.position.step) as bar, \
+                contextlib.closing(self.run_log):
+            for step in range(self.position.step, last):
+                record, verdict = self.step(step)
+                self.run_log.step(record, verdict)
+                bar(step + 1, record)
+                self.run_log.health.stop_if(verdict)
+                if self.eval_rows is not None and eval_due(cfg, step + 1):
+                    self.evaluate(step + 1)
+                if checkpoint_due(cfg, step + 1):
+                    self.save(step + 1)
+        if self.profile and self.writer:
+            self.health_echo(format_breakdown(self.run_log.metrics.records(), "MindSpore trainer step time"))
+        return self.out
 
 
 def _seed_everything(seed: int) -> None:
@@ -168,193 +374,6 @@ def _echo_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _train(cfg, out, resume, progress, mode, faults, peak_flops, log, stop_after, parallel, step_faults,
-           health_echo, profile=False) -> Path:
-    layout = run_layout(cfg, parallel)
-    writer = parallel is None or parallel.is_writer  # rank 0 alone writes the run folder
-    if writer:
-        out.mkdir(parents=True, exist_ok=True)
-    # Under pp, one trainer micro-step feeds the Pipeline micro_batches micro-batches at once.
-    data_cfg = cfg if layout.pp == 1 else cfg.replace(micro_batch_size=cfg.micro_batch_size * layout.micro_batches)
-    order = training_order(data_cfg, layout.dp)
-    _check_vocab(cfg)
-    checkpoint = open_checkpoint(resume) if resume is not None else None
-    if checkpoint is not None:
-        check_resumable(checkpoint, cfg, faults, layout)
-    if writer:
-        remove_partials(out)  # a killed run's half-written checkpoint
-    _seed_everything(cfg.seed)
-    training = build_training(cfg, faults)
-    model, optimizer, scaler = training.model, training.optimizer, training.scaler
-    if parallel is not None:
-        wire_parallel(training, parallel)
-
-    start, sched_pos, tokens, elapsed0 = 0, 0, 0, 0.0
-    metrics_lines: list[str] = []
-    if checkpoint is not None:
-        model_name = {saved: own for own, saved in checkpoint_names(training).items()}
-        params = {model_name.get(name, name): value for name, value in checkpoint.parameters().items()}
-        not_loaded, unused = ms.load_param_into_net(model, params, strict_load=True)
-        if training.lora is not None:  # the frozen base comes from ms_model, the checkpoint holds the adapters
-            check_checkpoint_base(checkpoint.lora or {}, training.lora, checkpoint.path)
-            adapters = {p.name for p in training.lora.parameters(model)}
-            not_loaded = [name for name in not_loaded if name in adapters]
-        if not_loaded or unused:
-            raise MigrateError(f"checkpoint {checkpoint.path} does not fit the model: "
-                               f"{len(not_loaded)} parameters not loaded, {len(unused)} entries unused")
-        optimizer.load_state_dict(checkpoint.optimizer_state())
-        st = checkpoint.state
-        if scaler is not None:
-            scaler.load_state_dict(st["loss_scale"])
-        start, sched_pos, tokens = checkpoint.step, int(st["scheduler_step"]), int(st["tokens"])
-        elapsed0 = float(st["elapsed"])
-        set_rng_state(st["rng"])
-        metrics_lines = checkpoint.metrics_text.splitlines(keepends=True)
-
-    peak_source = "given"
-    if peak_flops is None and cfg.peak_flops is not None:
-        peak_flops, peak_source = cfg.peak_flops, "run config (peak_flops)"
-    if peak_flops is None and not writer:
-        peak = {"peak_flops": 1.0, "source": "not measured on this rank (rank 0 logs MFU)"}
-    elif peak_flops is None:
-        peak = {"peak_flops": measure_peak_flops(), "source": "measured: best fp32 MatMul 1024x1024x1024 "
-                                                                "on this device (achievable peak, not a datasheet)"}
-    else:
-        peak = {"peak_flops": float(peak_flops), "source": peak_source}
-    fpt = flops_per_token(training.model_config, cfg.seq_length)
-    peak["flops_per_token"] = fpt
-    peak["mfu"] = "flops_per_token * tokens_per_s / peak_flops"
-    eval_rows = _eval_rows(cfg) if writer else None
-    eval_path = out / "eval.jsonl"
-    metrics_path = out / "metrics.jsonl"
-    if writer:
-        hparams = effective_hparams(training, peak)
-        if parallel is not None:
-            hparams["parallel"] = parallel.describe()
-        (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
-        _truncate_jsonl(eval_path, start)
-        metrics_path.write_text("".join(metrics_lines))
-
-    watch = HealthWatch.for_run(cfg)
-    replay(watch, [json.loads(line) for line in metrics_lines if line.strip()])  # a resume: the same statistics
-    health = HealthLog(watch, out if writer else None, cfg.data, cfg.seq_length,
-                       health_echo if writer else (lambda line: None), start_step=start)
-    board = RunBoard(out if writer and cfg.tensorboard else None, start)
-    # After wire_parallel: pp swaps the micro-step. One graph per step where no host decision can intervene.
-    graphs = step_graphs(training, parallel=parallel, poisons=bool(step_faults.steps.get("nan_grad")), profile=profile)
-    eval_step = PreShiftedLMLoss(model) if eval_rows is not None else None
-    batches = micro_batches(data_cfg, start, order, shard=parallel.data_shard if parallel is not None else (1, 0))
-    # Measurement only; off: no sync, no fields. A CPU graph call returns when it is done (measured).
-    prof = profile_for(profile, None if ms.get_context("device_target") == "CPU" else ms.runtime.synchronize)
-    run_start = time.perf_counter() - elapsed0
-    sink = metrics_path if writer else os.devnull  # rank 0 alone writes the metrics
-    with open(sink, "a") as metrics, _progress_bar(progress and writer, cfg.total_steps, start) as bar, \
-            contextlib.closing(board):
-        last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
-        for step in range(start, last):
-            step_start = time.perf_counter()
-            prof.begin()
-            lr = training.schedule.lr(sched_pos) * step_faults.lr_factor(step + 1)
-            optimizer.set_lr(lr)
-            scale = scaler.scale if scaler is not None else 1.0
-            scale_t = Tensor(np.float32(scale))
-            batch = []
-            with prof.phase("data"):
-                for micro in range(cfg.grad_accum_steps):
-                    s, m, rows = next(batches)
-                    if (s, m) != (step, micro):  # the pipeline and the loop must never part
-                        raise MigrateError(f"data pipeline at step {s + 1} micro {m}, trainer at {step + 1} {micro}")
-                    batch.append(rows)
-            with prof.phase("fwd_bwd"):
-                losses = graphs.forward_backward(batch, scale_t)
-            step_tokens = sum(int(rows[:, 1:].size) for rows in batch) * layout.dp  # every dp rank reads as many
-            tokens += step_tokens
-            step_loss = sum(losses) / len(losses)
-            if parallel is not None:
-                with prof.phase("reduce"):
-                    update = graphs.update  # split: one process per rank never runs one graph
-                    update.replace_grads(parallel.reduce_grads(tuple(p.value() for p in update.grads)))
-                    step_loss = parallel.mean_over_ranks(step_loss)
-            if step_faults.poison_grad(step + 1):  # before unscaling, as the golden: fp16's scaler sees it
-                graphs.update.poison_first()
-            with prof.phase("clip"):
-                norm = graphs.measure(scaler.inv_scale if scaler is not None else 1.0)
-                all_finite = graphs.all_finite(norm) if scaler is not None else math.isfinite(norm)
-            verdict = health.step(StepFacts(step + 1, _finite(step_loss), _finite(norm), lr,
-                                            scale if scaler is not None else None), losses, order[step])
-            # fp16 overflow, or the health policy skips (or stops at) this step: no optimizer, no scheduler step
-            skipped = (scaler is not None and not all_finite) or verdict.action != "continue"
-            with prof.phase("optimizer"):
-                clipped_norm = graphs.finish(apply=not skipped)  # skipped: the clipped norm alone
-            if not skipped:
-                sched_pos += 1
-            if scaler is not None:
-                scaler.update(found_inf=not all_finite)
-            now = time.perf_counter()
-            tokens_per_s = step_tokens / max(now - step_start, 1e-9)
-            record = {"step": step + 1, "loss": _finite(step_loss), "lr": lr,
-                      "grad_norm": _finite(norm), "grad_norm_clipped": _finite(clipped_norm),
-                      "tokens": tokens, "time": round(now - run_start, 4),
-                      "tokens_per_s": round(tokens_per_s, 3), "mfu": _finite(fpt * tokens_per_s / peak["peak_flops"])}
-            if scaler is not None:
-                record.update(loss_scale=scale, skipped=skipped)
-            elif skipped:
-                record["skipped"] = True
-            if verdict.events:
-                record["health"] = [e.kind for e in verdict.events]
-            record.update(prof.end(now - step_start))
-            line = json.dumps(record) + "\n"
-            metrics.write(line)
-            metrics.flush()
-            metrics_lines.append(line)
-            board.step(record, events=verdict.events)
-            log(f"step {step + 1}/{cfg.total_steps} loss {record['loss']} lr {lr:.3e} grad_norm {record['grad_norm']}")
-            bar(step + 1, record)
-            health.stop_if(verdict)
-            if eval_rows is not None and (step + 1) % cfg.eval_interval == 0:
-                _evaluate(eval_step, model, eval_rows, cfg, eval_path, step + 1)
-            if cfg.checkpoint_interval and ((step + 1) % cfg.checkpoint_interval == 0 or step + 1 == cfg.total_steps):
-                state = {"step": step + 1, "scheduler_step": sched_pos, "tokens": tokens,
-                         "elapsed": time.perf_counter() - run_start,
-                         "loss_scale": scaler.state_dict() if scaler is not None else None,
-                         "data_position": {"next_step": step + 1,
-                                           "draws_done": (step + 1) * layout.global_batch},
-                         "rng": rng_state(), "faults": list(faults), "keymap": training.keymap.name,
-                         "mode": mode, "config": cfg.to_dict(), "parallel": _parallel_state(layout)}
-                _save(out, step + 1, training, state, metrics_lines, cfg, parallel)
-    if profile and writer:
-        health_echo(format_breakdown([json.loads(line) for line in metrics_lines if line.strip()],
-                                     "MindSpore trainer step time"))
-    return out
-
-
-def _parallel_state(layout: Layout) -> dict:
-    return {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp, "micro_batches": layout.micro_batches,
-            "optimizer_shard": layout.optimizer_shard, "global_batch": layout.global_batch}
-
-
-def _save(out: Path, step: int, training: MSTraining, state: dict, metrics_lines, cfg: RunConfig, parallel) -> None:
-    """One checkpoint: rank 0 writes it; with optimizer sharding every rank first writes its shard."""
-    layout_file, staging = None, None
-    if parallel is not None:
-        layout_file = layout_record(parallel.layout, parallel.size)
-        if layout_file["optimizer_shard"]:
-            optimizer = training.optimizer
-            moments = {p.name: p.asnumpy() for p in (*optimizer.exp_avg, *optimizer.exp_avg_sq)}
-            shapes = {p.name: tuple(q.shape) for p, q in zip((*optimizer.exp_avg, *optimizer.exp_avg_sq),
-                                                              (*optimizer.parameters, *optimizer.parameters))}
-            staging = shard_staging_dir(out, step)
-            write_optimizer_shard(staging, parallel.rank, parallel.layout.dp, moments, shapes)
-            layout_file["optimizer_slices"] = slice_table(shapes, parallel.layout.dp)
-            parallel.barrier()  # every shard file is in place before rank 0 assembles the folder
-    if parallel is None or parallel.is_writer:
-        save_checkpoint(out, step, model=training.model, model_config=training.model_config,
-                        optimizer=training.optimizer, state=state, metrics_text="".join(metrics_lines),
-                        sidecar_src=cfg.ms_model, keep=cfg.keep_checkpoints, parallel_layout=layout_file,
-                        shard_staging=staging, param_names=checkpoint_names(training),
-                        **_lora_content(training, cfg))
-
-
 def _lora_content(training: MSTraining, cfg: RunConfig) -> dict:
     """A LoRA run checkpoints its adapters and lora.json, not the frozen base."""
     if training.lora is None:
@@ -363,97 +382,10 @@ def _lora_content(training: MSTraining, cfg: RunConfig) -> dict:
             "lora_record": training.lora.checkpoint_record(cfg.ms_model)}
 
 
-def _check_vocab(cfg: RunConfig) -> None:
-    vocab = read_meta(cfg.data)["tokenizer"]["vocab_size"]
-    model_vocab = load_model_config(Path(cfg.require("ms_model")) / "model.yaml").vocab_size
-    if vocab > model_vocab:
-        raise MigrateError(f"{cfg.data} was tokenized with a {vocab}-token vocabulary, "
-                           f"but {cfg.ms_model} has only {model_vocab} embeddings")
-
-
 def check_resumable(checkpoint, cfg: RunConfig, faults, layout: Layout | None = None) -> None:
-    """Refuse a resume that would not continue the same curve (one MigrateError line).
-
-    The split of the global batch may change (dp, micro batch size, accumulation):
-    the run order, the loss and the gradient are functions of the global batch alone.
-    """
-    layout = layout or run_layout(cfg)
-    _check_resume_state(checkpoint)
-    saved = checkpoint.state.get("config", {})
-    now = cfg.to_dict()
-    saved_parallel = checkpoint.state.get("parallel") or {"global_batch": saved.get("micro_batch_size", 0)
-                                                          * saved.get("grad_accum_steps", 0)}
-    if saved_parallel["global_batch"] != layout.global_batch:
-        raise MigrateError(f"cannot resume from {checkpoint.path}: its global batch is "
-                           f"{saved_parallel['global_batch']} samples per step, this run's is {layout.batch_line()}")
-    free = RESUME_FREE | {"micro_batch_size", "grad_accum_steps"}
-    differ = sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
-    if differ:
-        raise MigrateError(f"cannot resume from {checkpoint.path}: the run config differs in "
-                           + ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:4]))
-    if list(checkpoint.state.get("faults", [])) != list(faults):
-        raise MigrateError(f"cannot resume from {checkpoint.path}: it was trained with faults "
-                           f"{checkpoint.state.get('faults')}, this run has {list(faults)}")
-    if checkpoint.step > cfg.total_steps:
-        raise MigrateError(f"checkpoint {checkpoint.path} is at step {checkpoint.step}, past total_steps")
-
-
-RESUME_STATE = ("step", "scheduler_step", "optimizer_step", "tokens", "elapsed", "config")
-
-
-def _check_resume_state(checkpoint) -> None:
-    """What a resume reads from trainer_state.json and rng_state.json is there and well-formed
-    (a checkpoint too old for a manifest can still be damaged): one line naming the file."""
-    lacking = [k for k in RESUME_STATE if k not in checkpoint.state]
-    if lacking:
-        raise MigrateError(f"cannot resume from {checkpoint.path}: {STATE_FILE} lacks {', '.join(lacking)}")
-    rng = checkpoint.state.get("rng")
-    try:
-        version, internal, _ = rng["python"]
-        _, keys, pos, _, _ = rng["numpy"]
-        ok = (isinstance(version, int) and len(internal) == 625 and len(keys) == 624 and isinstance(pos, int)
-              and isinstance(rng["mindspore"]["state"], list))
-    except (TypeError, KeyError, ValueError):
-        ok = False
-    if not ok:
-        raise MigrateError(f"cannot resume from {checkpoint.path}: {RNG_FILE} does not hold the Python, numpy and "
-                           f"MindSpore generator states")
-
-
-def _finite(x: float):
-    return x if math.isfinite(x) else None  # JSON has no inf/nan
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step (a resumed run rewrites what follows)."""
-    if not path.is_file():
-        return
-    if last_step == 0:
-        path.unlink()
-        return
-    keep = [line for line in path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(keep))
-
-
-def _eval_rows(cfg: RunConfig):
-    if not cfg.eval_interval:
-        return None
-    rows = load_samples(cfg.eval_data, cfg.seq_length)
-    return rows[: cfg.eval_samples] if cfg.eval_samples else rows
-
-
-def _evaluate(eval_step, model, rows, cfg: RunConfig, path: Path, step: int) -> None:
-    """Mean loss over the eval rows in file order, micro_batch_size at a time (as the golden script)."""
-    model.set_train(False)
-    total = 0.0
-    for start in range(0, len(rows), cfg.micro_batch_size):
-        batch = np.asarray(rows[start:start + cfg.micro_batch_size], dtype=np.int32)
-        loss = eval_step(Tensor(np.ascontiguousarray(batch[:, :-1])), Tensor(np.ascontiguousarray(batch[:, 1:])))
-        total += float(loss.asnumpy()) * len(batch)
-    model.set_train(True)
-    with open(path, "a") as fh:
-        fh.write(json.dumps({"step": step, "eval_loss": _finite(total / len(rows)), "samples": len(rows)}) + "\n")
+    """Refuse a resume that would not continue the same curve (one MigrateError line;
+    `migrate.run_protocol.state.check_resumable`)."""
+    run_state.check_resumable(checkpoint, cfg.to_dict(), faults, layout or run_layout(cfg), cfg.total_steps)
 
 
 @contextlib.contextmanager

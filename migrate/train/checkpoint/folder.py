@@ -21,7 +21,7 @@ folder that holds metrics.jsonl):
         parallel_layout.json  runs of several processes only: dp/mp/pp and which
                             rank saved which file; with optimizer sharding
                             optimizer.ckpt is replaced by per-rank
-                            optimizer.rank-<r>.ckpt files (`migrate.train.dist_ckpt`)
+                            optimizer.rank-<r>.ckpt files (`migrate.train.checkpoint.shards`)
         manifest.json       size and sha256 of every file above, written last;
                             verified before the folder is read (`migrate.checkpoints.integrity`)
     RUN/checkpoints/latest -> checkpoint-<step>   (symlink to the newest complete one)
@@ -48,9 +48,9 @@ from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_ch
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
 from migrate.sidecar import copy_sidecars
-from migrate.train.ckpt_files import (ADAPTER_FILE, LORA_FILE, METRICS_FILE, MODEL_CONFIG, MODEL_FILE,
+from migrate.train.checkpoint.files import (ADAPTER_FILE, LORA_FILE, METRICS_FILE, MODEL_CONFIG, MODEL_FILE,
                                       OPTIMIZER_FILE, RNG_FILE, load_ckpt_file, save_tensors_atomically)
-from migrate.train.dist_ckpt import (LAYOUT_FILE, SHARD_PREFIX, is_sharded, layout_without_files,
+from migrate.train.checkpoint.shards import (LAYOUT_FILE, SHARD_PREFIX, is_sharded, layout_without_files,
                                      merged_optimizer_state, read_layout)
 
 FOLDER = "checkpoints"

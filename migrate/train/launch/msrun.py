@@ -7,7 +7,7 @@ msrun (`mindspore.parallel.cluster.run`) is run with --join=True on every
 node: worker_num = dp × mp × pp ranks in all, local_worker_num = that / nodes
 on this node, node_rank, master_addr, master_port (on one node: 127.0.0.1 and
 a free port picked here). It starts its scheduler (on the master node) and
-`python -m migrate.train.worker ...` once per local rank, each with its log
+`python -m migrate.train.launch.worker ...` once per local rank, each with its log
 in RUN/logs/worker_<rank>.log (--log_dir); its own output goes to
 RUN/logs/msrun.log. The first local worker's progress lines are echoed here.
 
@@ -34,11 +34,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migrate.train.cluster import Cluster
-from migrate.train.worker_files import exit_file, pid_file, record_exit
+from migrate.train.launch.cluster import Cluster
+from migrate.train.launch.worker_files import exit_file, pid_file, record_exit
 
 LOCALHOST = "127.0.0.1"
-WORKER_MODULE = "migrate.train.worker"
+WORKER_MODULE = "migrate.train.launch.worker"
 MSRUN_LOG = "msrun.log"
 PROGRESS_PREFIX = "migrate["
 _MSRUN_CODE = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")

@@ -12,13 +12,13 @@ import mindspore as ms
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.run_protocol.record import METRICS_FILE  # noqa: F401  the run's metrics, carried in a checkpoint
+from migrate.run_protocol.state import RNG_FILE  # noqa: F401  the generator states
 from migrate.lora.record import ADAPTER_FILE, LORA_FILE  # noqa: F401  a LoRA run's files, in place of model.ckpt
 
 MODEL_FILE = "model.ckpt"
 MODEL_CONFIG = "model.yaml"
 OPTIMIZER_FILE = "optimizer.ckpt"
-RNG_FILE = "rng_state.json"
-METRICS_FILE = "metrics.jsonl"
 
 
 def load_ckpt_file(path: Path) -> dict:

@@ -1,7 +1,7 @@
 """The files each msrun worker leaves in the run's log folder: its exit code and its pid.
 
 msrun itself reports only that some worker failed; these let the launcher
-(`migrate.train.launch`) name the rank, its code or the signal that killed it.
+(`migrate.train.launch.msrun`) name the rank, its code or the signal that killed it.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import numpy as np
 from migrate.checkpoints.atomic import atomic_write_text
 from migrate.data.samples import load_samples, read_meta
 from migrate.errors import MigrateError
-from migrate.train.health import EXIT_CODE, HealthWatch, StepFacts, StepVerdict
+from migrate.train.health.watch import EXIT_CODE, HealthWatch, StepFacts, StepVerdict
 
 FILE = "health.jsonl"
 BATCHES = "health_batches"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from migrate.errors import MigrateError
 from migrate.train.config import HealthConfig, RunConfig
-from migrate.train.health import KINDS, HealthWatch, verdict_line
-from migrate.train.health_log import FILE, facts_of
+from migrate.train.health.watch import KINDS, HealthWatch, verdict_line
+from migrate.train.health.log import FILE, facts_of
 
 METRICS = "metrics.jsonl"
 HPARAMS = "effective_hparams.json"

@@ -2,7 +2,12 @@
 
     graphs = step_graphs(training, parallel=..., poisons=..., profile=...)  # OneGraphStep or SplitSteps
     losses = graphs.forward_backward(batch, scale)   # each micro-batch's loss
+    graphs.reduce_grads(parallel.reduce_grads)       # several processes: the gradients' mean over dp
+    graphs.poison_grad()                             # step fault nan_grad
     norm = graphs.measure(inv_scale); clipped = graphs.finish(apply)
+
+Both implementations have that one interface (`StepGraphs`); the one graph refuses, in one
+line, what only the split step can do (`one_graph_refusals` keeps such runs off it).
 
 Most runs (fp32/bf16, health policy warn, one process, at most 8 micro-batches, up to 32 M
 parameters) run the whole step as ONE graph (`WholeStep`): nothing on the host can stop the
@@ -29,6 +34,7 @@ norm sums rows first: MindSpore's CPU ReduceSum over a whole tensor runs on one 
 from __future__ import annotations
 
 import math
+from typing import Callable, Protocol
 
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -218,6 +224,22 @@ class WholeStep(nn.Cell):
         return ops.depend(ops.stack(losses), done), total, clipped  # the update's assigns are part of the output
 
 
+class StepGraphs(Protocol):
+    """What the trainer's loop calls on a step implementation (`SplitSteps`, `OneGraphStep`)."""
+
+    def forward_backward(self, batch, scale) -> list[float]: ...
+
+    def reduce_grads(self, reduce: Callable[[tuple], tuple]) -> None: ...
+
+    def poison_grad(self) -> None: ...
+
+    def measure(self, inv_scale: float) -> float: ...
+
+    def all_finite(self, norm: float) -> bool: ...
+
+    def finish(self, apply: bool) -> float: ...
+
+
 class SplitSteps:
     """The step as micro-steps (one graph each, into the accumulators) and `OptimizerStep`'s two
     graphs, the host deciding between them: what every run can use."""
@@ -229,6 +251,14 @@ class SplitSteps:
     def forward_backward(self, batch, scale) -> list[float]:
         """batch: each micro-batch's rows (seq_length + 1 tokens); returns their losses."""
         return [float(self.micro(*_split_rows(rows), scale).asnumpy()) for rows in batch]
+
+    def reduce_grads(self, reduce: Callable[[tuple], tuple]) -> None:
+        """Replace the accumulated gradients by reduce(their values): dp's mean over ranks."""
+        self.update.replace_grads(reduce(tuple(p.value() for p in self.update.grads)))
+
+    def poison_grad(self) -> None:
+        """Step fault nan_grad: a NaN in the first accumulated gradient element (before unscaling)."""
+        self.update.poison_first()
 
     def measure(self, inv_scale: float) -> float:
         return self.update.measure(inv_scale)
@@ -255,6 +285,12 @@ class OneGraphStep:
                                           *self.optimizer.advance())
         self._norm, self._clipped = float(norm.asnumpy()), float(clipped.asnumpy())
         return [float(x) for x in losses.asnumpy()]
+
+    def reduce_grads(self, reduce) -> None:
+        raise MigrateError("a one-graph step reduces no gradients between graphs (several processes run split)")
+
+    def poison_grad(self) -> None:
+        raise MigrateError("a one-graph step cannot poison its gradients (a nan_grad step fault runs split)")
 
     def measure(self, inv_scale: float) -> float:
         return self._norm

@@ -1,7 +1,7 @@
 """Checkpoints of multi-process runs: which rank saved what, per-rank optimizer shards, merge.
 
 A checkpoint folder of a run with more than one process (layout in
-`migrate.train.ckpt`) also holds `parallel_layout.json`:
+`migrate.train.checkpoint.folder`) also holds `parallel_layout.json`:
 
     {"format": "migrate-parallel-layout", "version": 1,
      "dp": 2, "mp": 1, "pp": 1, "micro_batches": 1, "optimizer_shard": false, "world_size": 2,
@@ -20,7 +20,7 @@ stay whole and are saved by rank 0 alone). Rank r writes
 `optimizer.rank-<r>.ckpt` with its blocks, and the layout file gains
 `"optimizer_slices": {name: {"shape": [...], "rows": {"<rank>": [start, stop]}}}`.
 `merged_optimizer_state` stitches the blocks back for a resume;
-`migrate.train.ckpt.merge_checkpoint` (`migrate ckpt merge`) writes one ordinary single-process
+`migrate.train.checkpoint.folder.merge_checkpoint` (`migrate ckpt merge`) writes one ordinary single-process
 checkpoint. Each shard file is written under a temporary name and renamed,
 and the folder itself is assembled by rank 0 under a hidden name and renamed
 (`save_checkpoint`), so a crash leaves whole files and whole folders only.
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.errors import MigrateError
-from migrate.train.ckpt_files import load_ckpt_file, save_tensors_atomically
+from migrate.train.checkpoint.files import load_ckpt_file, save_tensors_atomically
 
 LAYOUT_FILE = "parallel_layout.json"
 LAYOUT_FORMAT = "migrate-parallel-layout"

@@ -1,6 +1,6 @@
-"""The process msrun starts on every rank: `python -m migrate.train.worker ARGS`.
+"""The process msrun starts on every rank: `python -m migrate.train.launch.worker ARGS`.
 
-`migrate train --dp N ...` (`migrate.train.launch`) builds this command line;
+`migrate train --dp N ...` (`migrate.train.launch.msrun`) builds this command line;
 msrun runs it once per rank (MS_ROLE=MS_WORKER, RANK_ID set) and once more as
 its scheduler (MS_ROLE=MS_SCHED), where `communication.init()` runs the
 cluster's meta server and never returns -- so joining the cluster is the first
@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import traceback
 
 from migrate.errors import MigrateError
 from migrate.parallel.layout import Layout
 from migrate.train.config import RunConfig
-from migrate.train.worker_files import record_exit, record_pid
-
-# Test hooks. "RANK:CODE": that rank exits with CODE right after joining the cluster.
-FAULT_ENV = "MIGRATE_TEST_WORKER_EXIT"
-# "RANK:STEP": that rank SIGKILLs itself right after logging optimizer step STEP.
-KILL_ENV = "MIGRATE_TEST_WORKER_KILL"
-
+from migrate.train.launch.worker_files import record_exit, record_pid
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m migrate.train.worker")
+    p = argparse.ArgumentParser(prog="python -m migrate.train.launch.worker")
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--log-dir", required=True)
@@ -43,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--optimizer-shard", action="store_true")
-    p.add_argument("--profile", action="store_true", help="time each step's phases (migrate.train.step_profile)")
+    p.add_argument("--profile", action="store_true", help="time each step's phases (migrate.train.step.profile)")
     p.add_argument("--threads", type=int, default=0, help="CPU kernel threads of this rank (0: MindSpore's default)")
     return p.parse_args(argv)
 
@@ -56,7 +49,7 @@ def main(argv=None) -> int:
     code = 1
     try:
         code = _run(args)
-    except SystemExit as exc:  # the fault hook, argparse
+    except SystemExit as exc:  # argparse, sys.exit below the trainer
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - every failure must leave its exit code behind
         if isinstance(exc, MigrateError):
@@ -94,7 +87,6 @@ def _run(args) -> int:
     parallel = start_parallel(layout)  # the scheduler process stays in here until the job ends
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         return 0
-    _fault_hook(parallel.rank)
     import mindspore as ms
 
     if args.threads > 0 and ms.get_context("device_target") == "CPU":  # ranks on one machine share its cores
@@ -103,36 +95,15 @@ def _run(args) -> int:
 
     prefix = f"migrate[rank {parallel.rank}]"
     print(f"{prefix}: joined {parallel.size} ranks; {layout.batch_line(cfg.seq_length)}", flush=True)
-    kill_at = _kill_step(parallel.rank)
 
     def log(line: str) -> None:
         # Every line prefixed: the launcher relays only prefixed lines (a multi-line table, --profile's, too).
         print("\n".join(f"{prefix}: {part}" for part in line.splitlines() or [""]), flush=True)
-        if kill_at is not None and line.startswith(f"step {kill_at}/"):
-            os.kill(os.getpid(), signal.SIGKILL)  # the test hook: die as the OOM killer would, mid-run
 
     train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel, log=log,
           profile=args.profile)
     print(f"{prefix}: done", flush=True)
     return 0
-
-
-def _fault_hook(rank: int) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if spec:
-        fault_rank, code = (int(x) for x in spec.split(":"))
-        if fault_rank == rank:
-            print(f"migrate[rank {rank}]: {FAULT_ENV} asks for exit code {code}", flush=True)
-            raise SystemExit(code)
-
-
-def _kill_step(rank: int) -> int | None:
-    spec = os.environ.get(KILL_ENV)
-    if spec:
-        kill_rank, step = (int(x) for x in spec.split(":"))
-        if kill_rank == rank:
-            return step
-    return None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Where the ranks of a run live: how many machines, which one this is, and node 0's address.
 
 Checked before any process starts (`migrate.train.parallel_setup.layout_errors`) and
-read by the launcher (`migrate.train.launch`) to build each node's msrun command.
+read by the launcher (`migrate.train.launch.msrun`) to build each node's msrun command.
 """
 from __future__ import annotations
 

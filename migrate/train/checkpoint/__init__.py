@@ -1,0 +1,3 @@
+"""Training checkpoints: the folder's files (`files`), writing, opening and merging folders
+(`folder`), per-rank optimizer shards (`shards`).
+"""

@@ -1,0 +1,3 @@
+"""The health watch: its decisions (`watch`), its log and saved batches (`log`), `migrate health`'s
+summary (`summary`).
+"""
