@@ -84,6 +84,12 @@ def test_the_breakdown_check_fails_on_broken_records():
     double = _records()
     double[1]["time_fwd_bwd_s"] *= 2  # a phase counted twice: past the wall time
     assert breakdown_problems(double) == ["step 2: the phases sum to 0.800000 s, past its wall time 0.500000 s"]
+    # `time` is logged to 4 decimals: a sum past it by less than that rounding is sound, more is not
+    rounded = _records()
+    rounded[0]["time_host_s"] += 0.00009
+    assert breakdown_problems(rounded) == []
+    rounded[0]["time_host_s"] += 0.0001
+    assert breakdown_problems(rounded) == ["step 1: the phases sum to 0.500190 s, past its wall time 0.500000 s"]
     missing = _records()
     del missing[2]["time_optimizer_s"]
     assert breakdown_problems(missing) == ["step 3: no time_optimizer_s"]

@@ -20,6 +20,8 @@ import math
 import time
 from typing import Callable
 
+from migrate.run_protocol.record import TIME_DECIMALS
+
 # The phases both trainers name, in table order; a trainer may leave some out.
 PHASES = ("data", "fwd_bwd", "reduce", "clip", "optimizer")
 LABELS = {"data": "data loading (batch -> tensors)", "fwd_bwd": "forward + backward (+ accumulation)",
@@ -125,6 +127,7 @@ def breakdown_problems(records: list[dict], phases=("data", "fwd_bwd", "clip", "
         if low:
             problems.append(f"step {step}: {', '.join(field_name(p) for p in low)} not positive")
         total = sum(v for k, v in r.items() if k.startswith("time_") and k.endswith("_s"))
-        if total > wall + 1e-6:
+        # `time` is rounded (TIME_DECIMALS), so a wall time from two of them is off by up to one unit
+        if total > wall + 10.0 ** -TIME_DECIMALS:
             problems.append(f"step {step}: the phases sum to {total:.6f} s, past its wall time {wall:.6f} s")
     return problems
