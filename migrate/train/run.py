@@ -37,7 +37,8 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
     and, with several processes, rank 0's progress lines. profile: the step-time breakdown
     (`migrate.train.step.profile`), logged and printed at the end. trust: the converted folder's
-    model class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
+    model class may be imported even if migrate does not bundle it (`--trust-model-class`); msrun's
+    workers get it through the environment their launcher builds (`launch`)."""
     cfg = RunConfig.load(config)
     layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
     errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model"), trust), cfg, cluster)
@@ -56,7 +57,8 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if layout.devices == 1 and cluster.nodes == 1:
         return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults, profile=profile,
                      trust=trust)
-    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile)
+    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile,
+                    trust=trust)
     if result.code != 0:
         raise RunFailed(f"distributed run failed: {result.summary()}", result.code)
     return out_dir
