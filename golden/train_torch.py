@@ -1,6 +1,6 @@
 """Golden PyTorch continued pretraining: the reference the MindSpore trainer must match.
 
-    python golden/train_torch.py --config run.yaml [--out DIR] [--seed N] [--data-seed N]
+    python golden/train_torch.py --config run.yaml [--out DIR] [--seed N] [--data-seed N] [--trust-model-class]
 
 Does what HF Trainer does for the same settings, spelled out so each choice is
 visible: the HF model in fp32 with eager attention; bf16/fp16 as autocast over
@@ -40,6 +40,7 @@ import contextlib
 import copy
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -58,7 +59,7 @@ from migrate.data.samples import load_samples, run_order  # noqa: E402
 from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
 from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
-from migrate.models.registry import family_of, load_model_config  # noqa: E402
+from migrate.models.registry import family_of, load_model_config, trust_from_env  # noqa: E402
 from migrate.train.config import RunConfig  # noqa: E402
 from migrate.train.decay import hf_decay_names  # noqa: E402
 from migrate.run_protocol.cadence import checkpoint_due, eval_due  # noqa: E402
@@ -295,13 +296,14 @@ def build_health_watch(cfg: RunConfig) -> HealthWatch:
     return HealthWatch.for_run(cfg)
 
 
-def throughput_basis(cfg: RunConfig) -> dict | None:
+def throughput_basis(cfg: RunConfig, trust: bool = False) -> dict | None:
     """The MFU estimate's figures, as `migrate train` takes them: flops per token from the converted
     model's family (PaLM's 6N + 12 L s h, `migrate.models.anatomy`), and run.yaml's peak_flops, else the
-    best fp32 torch.matmul 1024^3 measured here. None without ms_model (no family to count with)."""
+    best fp32 torch.matmul 1024^3 measured here. None without ms_model (no family to count with).
+    trust: ms_model's class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     if cfg.ms_model is None or not (Path(cfg.ms_model) / "model.yaml").is_file():
         return None
-    config = load_model_config(Path(cfg.ms_model) / "model.yaml")
+    config = load_model_config(Path(cfg.ms_model) / "model.yaml", trust)
     return peak_basis(family_of(config).flops_per_token(config, cfg.seq_length), given=None,
                       config_peak=cfg.peak_flops, measure=_measure_peak_flops,
                       measured_source="measured: best fp32 torch.matmul 1024x1024x1024 on this device "
@@ -417,14 +419,16 @@ def fp64_reference(model, batches: list, cfg: RunConfig, params: list, scaler=No
     return {k: _finite(v) for k, v in out.items()}
 
 
-def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=(), profile: bool = False) -> Path:
+def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faults=(), profile: bool = False,
+          trust: bool = False) -> Path:
     """Run the golden training; returns the output folder (metrics.jsonl, effective_hparams.json,
     health.jsonl, TensorBoard events). step_faults: `migrate.train.step.faults` specs, applied
     where `migrate train` applies them. The health policy `stop` raises HealthStop (exit 3).
     profile: the step-time breakdown `migrate train --profile` logs (torch CPU is synchronous,
     so no sync is needed), as time_*_s fields and a table logged at the end. The step record,
     the run log, the eval and checkpoint cadence are the run protocol's (`migrate.run_protocol`,
-    `migrate.train.run_log`), as `migrate train`'s."""
+    `migrate.train.run_log`), as `migrate train`'s. trust: ms_model's class may be imported even if
+    migrate does not bundle it (its MFU figures, `throughput_basis`)."""
     faults = parse_step_faults(step_faults)
     out = Path(out) if out is not None else cfg.out_dir.golden
     out.mkdir(parents=True, exist_ok=True)
@@ -437,7 +441,7 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     optimizer, scaler = build_optimizer(model, cfg), build_scaler(cfg)
     scheduler = build_scheduler(optimizer, cfg)
     hparams = effective_hparams(cfg, model, optimizer, scheduler, scaler)
-    basis = throughput_basis(cfg)
+    basis = throughput_basis(cfg, trust)
     if basis is not None:
         hparams["throughput"] = basis
     (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
@@ -582,13 +586,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="rehearse the health watch: nan_grad or lr_x100 at those steps (as migrate train)")
     parser.add_argument("--profile", action="store_true",
                         help="time each step's phases (time_*_s fields in metrics.jsonl, a table at the end)")
+    parser.add_argument("--trust-model-class", action="store_true",
+                        help="ms_model's model.yaml may name a class migrate does not bundle (as migrate train; "
+                             "MIGRATE_TRUST_MODEL_CLASS=1 does the same)")
     args = parser.parse_args(argv)
+    trust = args.trust_model_class or trust_from_env(os.environ)  # the entry point reads the environment
     try:
         cfg = RunConfig.load(args.config)
         overrides = {k: v for k, v in (("seed", args.seed), ("data_seed", args.data_seed)) if v is not None}
         if overrides:
             cfg = cfg.replace(**overrides)
-        out = train(cfg, args.out, step_faults=args.step_fault or (), profile=args.profile)
+        out = train(cfg, args.out, step_faults=args.step_fault or (), profile=args.profile, trust=trust)
     except MigrateError as exc:
         print(f"train_torch: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code

@@ -226,16 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from migrate.keymap import use_keymap_dir
-    from migrate.models.registry import TRUST_ENV
+    from migrate.models.registry import trust_from_env
     from migrate.signals import Interrupted, handled
 
-    # The environment is read here, in the entry point (and, for the trust opt-in, by the workers it starts).
+    # The environment is read here, in the entry point; below it, what it said is passed as arguments.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
     use_keymap_dir(os.environ.get("MIGRATE_KEYMAPS"))  # another keymap folder instead of the bundled one
     args = build_parser().parse_args(argv)
-    if getattr(args, "trust_model_class", False):
-        # The opt-in, for this process's checks and the msrun workers it starts (their environment).
-        os.environ[TRUST_ENV] = "1"
+    if hasattr(args, "trust_model_class"):
+        # The opt-in: the flag, or MIGRATE_TRUST_MODEL_CLASS=1 in the caller's environment. The handler
+        # passes it down as `trust=` (and `migrate train` hands it to its msrun workers' environment).
+        args.trust_model_class = args.trust_model_class or trust_from_env(os.environ)
     try:
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)

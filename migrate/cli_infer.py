@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from migrate.cli_verbs import arguments, verb
+from migrate.cli_verbs import arguments, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 
@@ -41,7 +41,7 @@ def _cmd_generate(args) -> int:
 
     stream = not args.no_stream
     outcome = generate_text(Source(args.ms_dir, args.mindir), texts=args.prompt or (), ids=args.ids or (),
-                            options=options, write=write if stream else None)
+                            options=options, write=write if stream else None, trust=args.trust_model_class)
     out = console()
     if not stream or len(outcome.texts) > 1:
         for row, text in enumerate(outcome.texts):
@@ -78,6 +78,7 @@ def _generate_arguments(p) -> None:
     p.add_argument("--compare-hf", metavar="HF_DIR",
                    help="run HF generate with the same settings; exit 1 if tokens or per-step logits differ")
     p.add_argument("--no-stream", action="store_true", help="print the text at the end, not as it comes")
+    trust_argument(p)
 
 
 def mindir_options(p) -> None:
@@ -105,7 +106,8 @@ def cmd_export_mindir(args) -> int:
 
         dtype = PRECISIONS[args.dtype].compute
     record = export_mindir(args.ms_dir, args.out_dir, batch=args.batch or 1, prefill_len=args.prefill_len or 64,
-                           cache_len=args.cache_len or 320, compute_dtype=dtype, overwrite=args.overwrite)
+                           cache_len=args.cache_len or 320, compute_dtype=dtype, overwrite=args.overwrite,
+                           trust=args.trust_model_class)
     console().print(f"[green]exported[/] prefill.mindir and decode.mindir (batch {record['batch']}, prefill "
                     f"{record['prefill_len']}, cache {record['cache_len']}) -> {args.out_dir}", highlight=False)
     return 0

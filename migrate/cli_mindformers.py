@@ -5,7 +5,7 @@ Each verb is declared at its handler (`migrate.cli_verbs`); `convert --mindforme
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, verb
+from migrate.cli_verbs import arguments, trust_argument, verb
 from migrate.errors import MigrateError
 
 
@@ -19,7 +19,8 @@ def write_yaml(args, ms_dir, run_config=None) -> None:
     run = mindformers_run(ms_dir, run_config, seq_length=args.seq_length, dp=args.dp, mp=args.mp, pp=args.pp,
                           micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
                           device=args.device, output_dir=args.output_dir,
-                          device_memory=parse_size(args.device_memory) if args.device_memory else None)
+                          device_memory=parse_size(args.device_memory) if args.device_memory else None,
+                          trust=args.trust_model_class)
     path = write_run_yaml(run, out, overwrite=args.yaml_overwrite)
     shown = console()
     shown.print(f"[green]wrote[/] MindFormers run YAML ({run.doc['run_mode']}) -> {path}")
@@ -54,6 +55,7 @@ def _mindformers_config_arguments(p) -> None:
     p.add_argument("--out", help="the YAML file to write")
     p.add_argument("--table", action="store_true", help="print the translation table (run.yaml knob -> MindFormers "
                                                          "fields, what still differs, how it was verified) and exit")
+    trust_argument(p)
     add_yaml_options(p, standalone=True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from migrate.cli_verbs import arguments, verb
+from migrate.cli_verbs import arguments, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 
@@ -22,7 +22,7 @@ def _cmd_dump(args) -> int:
     result = dump(args.side, args.out, dtype=args.dtype, seed=args.seed, inputs_file=args.inputs,
                   batch=args.batch, seq_len=args.seq_len, padded=args.padded, statistics=args.stats,
                   keymap=args.keymap or args.src, overwrite=args.overwrite, record_inputs=args.record_inputs,
-                  params=args.params, scope=args.scope, reference=args.reference)
+                  params=args.params, scope=args.scope, reference=args.reference, trust=args.trust_model_class)
     note = f"; inputs written to {args.inputs}" if result.inputs_written else ""
     console().print(f"[green]dumped[/] {result.records} tensors ({result.mode}, {result.bytes / 2**20:.1f} MiB) "
                     f"-> {result.out_dir}{note}", markup=True, highlight=False)
@@ -53,6 +53,7 @@ def _dump_arguments(p) -> None:
     p.add_argument("--reference", choices=["fp64", "none"], default="fp64",
                    help="fp64 (default): a torch side also runs in float64 and each record keeps its own error "
                         "against it, the noise reference migrate diff judges with; none: skip it")
+    trust_argument(p)
 
 
 def add_diff_options(p) -> None:
@@ -92,7 +93,7 @@ def diff(args) -> int:
             args.hf_dir, args.ms_dir, dtype=args.dtype, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
             text=args.text, padded=args.padded, detail=args.detail, grads=args.grads, generate=args.generate,
             inject=args.inject, thresholds=thresholds(args.dtype), keymap=args.keymap or args.src, mode=args.mode,
-            lr=args.lr, adapter=args.adapter, reference=args.reference,
+            lr=args.lr, adapter=args.adapter, reference=args.reference, trust=args.trust_model_class,
         )
     else:
         report = _diff_any(args, thresholds)
@@ -121,4 +122,5 @@ def _diff_any(args, thresholds):
     return diff_pair(args.hf_dir, args.ms_dir, dtype=args.dtype, seed=args.seed, batch=args.batch,
                      seq_len=args.seq_len, padded=args.padded, detail=args.detail, statistics=args.stats,
                      mapping=args.mapping, thresholds=thresholds, keymap=args.keymap or args.src,
-                     inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference)
+                     inputs_file=args.inputs, dtype_given=args.dtype != "fp32", reference=args.reference,
+                     trust=args.trust_model_class)

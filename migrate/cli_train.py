@@ -87,7 +87,7 @@ def _cmd_keymap_check(args) -> int:
     from migrate.keymap_check import check_keymap
     from migrate.ui import console
 
-    result = check_keymap(args.keymap, args.hf, args.ms_model, target=args.target)
+    result = check_keymap(args.keymap, args.hf, args.ms_model, target=args.target, trust=args.trust_model_class)
     out = console()
     out.print(f"keymap {result.keymap.name} v{result.keymap.version} ({result.keymap.path}) -> {result.target}: "
               f"{result.pairs} pairs")
@@ -128,7 +128,7 @@ def _cmd_train(args) -> int:
                            pp=args.pp, micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
                            cluster=Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port),
                            echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
-                           step_faults=args.step_fault or (), profile=args.profile)
+                           step_faults=args.step_fault or (), profile=args.profile, trust=args.trust_model_class)
     written = ("metrics.jsonl, checkpoints/" if RunConfig.load(args.config).checkpoint_interval
                else "metrics.jsonl; checkpoint_interval is 0")
     out.print(f"[green]trained[/] -> {run_dir} ({written})")
@@ -189,10 +189,10 @@ def _cmd_hparams(args) -> int:
     if args.mindformers:  # the MindFormers YAML as the second side
         from migrate.mindformers.hparams_vs_golden import format_mf_report, mf_hparams_report
 
-        report = mf_hparams_report(RunConfig.load(args.config), args.mindformers)
+        report = mf_hparams_report(RunConfig.load(args.config), args.mindformers, trust=args.trust_model_class)
         console().print(format_mf_report(report), markup=False, highlight=False)
         return report.exit_status
-    report = hparams_report(RunConfig.load(args.config))
+    report = hparams_report(RunConfig.load(args.config), trust=args.trust_model_class)
     console().print(format_report(report), markup=False, highlight=False)
     return report.exit_status
 
@@ -202,6 +202,7 @@ def _hparams_arguments(p) -> None:
     p.add_argument("config", help="run.yaml")
     p.add_argument("--mindformers", metavar="MF_YAML",
                    help="compare the golden with what MindSpore Transformers 2.0.0 does with this run YAML")
+    trust_argument(p)
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -233,7 +234,7 @@ def _cmd_plan(args) -> int:
         from migrate.lora.memory import lora_planning
 
         estimate, lora_table = lora_planning(args.model, config, args.lora_rank, args.lora_targets, args.seq_length,
-                                             args.dtype)
+                                             args.dtype, trust=args.trust_model_class)
     result = plan(config, args.devices, parse_size(args.device_memory), args.seq_length,
                   args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard, estimate=estimate)
     print_plan(result, console(), max_rows=args.top)
@@ -255,3 +256,4 @@ def _plan_arguments(p) -> None:
     p.add_argument("--top", type=int, default=20, help="layouts to list")
     p.add_argument("--lora-rank", type=int, help="plan a LoRA run of this rank (base frozen), beside full training")
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="LoRA target modules: q_proj,v_proj or all-linear")
+    trust_argument(p)

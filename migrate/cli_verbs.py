@@ -83,7 +83,8 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
 
 
 def trust_argument(p: argparse.ArgumentParser) -> None:
-    """`--trust-model-class`: a plain flag (args.trust_model_class); `migrate.cli.main` hands it on."""
+    """`--trust-model-class`: a plain flag (args.trust_model_class), which `migrate.cli.main` also sets
+    when MIGRATE_TRUST_MODEL_CLASS=1; the verb's handler passes it as ``trust=``."""
     p.add_argument("--trust-model-class", action="store_true",
                    help="import a model class that migrate does not bundle (model.yaml `model_class`, "
                         "keymap `target`); only for folders and keymaps you trust")

@@ -5,7 +5,7 @@ its function, as in `migrate.cli`.
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, group, verb
+from migrate.cli_verbs import arguments, group, trust_argument, verb
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "info": "dim"}
 
@@ -67,7 +67,7 @@ def _cmd_resize(args) -> int:
 
     result = resize_vocab(args.ms_dir, args.out_dir, to=args.to, multiple=args.pad_to_multiple, init=args.init,
                           std=args.std, seed=args.seed, hf=tuple(args.hf) if args.hf else None,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, trust=args.trust_model_class)
     console().print(f"[green]resized[/] vocabulary {result.old:,} -> {result.new:,} rows ({result.describe_init()}) "
                     f"-> {', '.join(str(p) for p in result.outputs)}", highlight=False)
     return 0
@@ -88,3 +88,4 @@ def _vocab_resize_arguments(p) -> None:
     p.add_argument("--hf", nargs=2, metavar=("HF_DIR", "HF_OUT"),
                    help="resize the HF source too, with the same new rows, into HF_OUT")
     p.add_argument("--overwrite", action="store_true", help="replace an output folder migrate wrote")
+    trust_argument(p)

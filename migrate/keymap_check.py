@@ -12,7 +12,6 @@ from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import Keymap, resolve
-from migrate.models.registry import allow_model_class
 
 
 @dataclass
@@ -74,18 +73,19 @@ class KeymapCheck(Coverage):
 
 
 def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = None,
-                 target: str | None = None) -> KeymapCheck:
-    """`ms_model` checks against another model class (`module:Class`); `target` applies
-    an entry of the keymap's `targets`."""
+                 target: str | None = None, *, trust: bool = False) -> KeymapCheck:
+    """`ms_model` checks against another model class (`module:Class`, the caller's own: imported
+    as named); `target` applies an entry of the keymap's `targets`; `trust` lets the keymap's
+    `target` be a class migrate does not bundle (`--trust-model-class`)."""
     hf_dir = Path(hf_dir)
     raw = read_raw_config(hf_dir)
     km = resolve(str(keymap), raw)
     km.check_source(raw)
     km = km.for_source(raw).with_target(target)
     model = ms_model or km.target
-    if ms_model:
-        allow_model_class(ms_model)  # the user typed it: their own class is theirs to import
-    plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model)
+    # A class the user typed (ms_model) is theirs to import: trusted for this check, nothing kept after it.
+    plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model,
+                                     trust=trust or bool(ms_model))
     # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read.
     plan.expected
     plan.groups

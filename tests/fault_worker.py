@@ -43,9 +43,9 @@ def _install() -> None:
 
     run = worker._run
 
-    def faulty_run(args):
+    def faulty_run(args, **kwargs):
         _wrap_start_parallel()
-        return run(args)
+        return run(args, **kwargs)
 
     worker._run = faulty_run
 

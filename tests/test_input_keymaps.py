@@ -123,8 +123,8 @@ def test_a_users_own_class_needs_the_opt_in(folders, tmp_path, capsys, monkeypat
     _, ms, _ = folders
     mine = with_model_yaml(ms, tmp_path / "mine", set_model_class(f"{__name__}:UserLlama"))
     refused(capsys, "export", mine, tmp_path / "a", out=tmp_path / "a", contains="--trust-model-class")
-    # Explicit opt-in: the flag (or MIGRATE_TRUST_MODEL_CLASS=1) imports it. Its shapes come
-    # from building it, so a class that is no model at all is then refused by its own failure.
+    # Explicit opt-in: the flag (or MIGRATE_TRUST_MODEL_CLASS=1 for the command) imports it. Its shapes
+    # come from building it, so a class that is no model at all is then refused by its own failure.
     import dataclasses
 
     from migrate.models import registry
@@ -134,7 +134,14 @@ def test_a_users_own_class_needs_the_opt_in(folders, tmp_path, capsys, monkeypat
                         dataclasses.replace(llama, model_class=f"{__name__}:UserLlama"))
     code, _, err = run(capsys, "export", "--trust-model-class", mine, tmp_path / "b")
     assert code == 0, err
-    assert os.environ[TRUST_ENV] == "1" and (tmp_path / "b" / "model.safetensors").is_file()
+    assert (tmp_path / "b" / "model.safetensors").is_file()
+    # The flag is passed down as an argument: the process environment is left as it was.
+    assert TRUST_ENV not in os.environ
+    # The variable in the caller's environment opts the command in as the flag does.
+    monkeypatch.setenv(TRUST_ENV, "1")
+    code, _, err = run(capsys, "export", mine, tmp_path / "c")
+    assert code == 0, err
+    assert (tmp_path / "c" / "model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------- YAML bounds

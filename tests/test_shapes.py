@@ -60,8 +60,8 @@ class LlamaWithScale(LlamaForCausalLM):
         self.scale = ms.Parameter(ms.Tensor(np.ones(3, np.float32)), name="scale")
 
 
-def test_a_model_class_without_a_shape_function_is_built_by_mindspore(monkeypatch):
-    monkeypatch.setenv("MIGRATE_TRUST_MODEL_CLASS", "1")  # a class migrate does not bundle: imported on opt-in
+def test_a_model_class_without_a_shape_function_is_built_by_mindspore():
     config = LlamaConfig(**LLAMA_BASE)
-    shapes = expected_shapes(config, f"{__name__}:LlamaWithScale")
+    # a class migrate does not bundle: imported on the caller's opt-in (trust=True)
+    shapes = expected_shapes(config, f"{__name__}:LlamaWithScale", trust=True)
     assert shapes == {**FAMILIES[LLAMA].shapes(config), "scale": (3,)}

@@ -18,10 +18,10 @@ from migrate.lora.transfer import Adapter, base_plan, fit_to_base, open_adapter
 from migrate.lora.cells import attach_lora
 
 
-def load_adapter(path: str | Path, ms_dir: Path) -> tuple[Adapter, list[Site], dict]:
+def load_adapter(path: str | Path, ms_dir: Path, trust: bool = False) -> tuple[Adapter, list[Site], dict]:
     """The adapter, its sites on the converted base at `ms_dir` (refusing another base), the plan's fields."""
     adapter = open_adapter(path)
-    plan = base_plan(ms_dir)
+    plan = base_plan(ms_dir, trust)
     sites, _ = fit_to_base(adapter, ms_dir, plan)
     return adapter, sites, plan.fields
 

@@ -189,7 +189,7 @@ def _untied_head(side, layer):
     """lm_head not tied to the embedding: a freshly initialised head."""
     config = side.config
     config.tie_word_embeddings = False
-    model = build_model(config)
+    model = build_model(config, trust=getattr(side, "trust", False))  # MSSide carries --trust-model-class
     loaded = {p.name: p for p in side.model.get_parameters()}
     for p in model.get_parameters():
         if p.name in loaded:

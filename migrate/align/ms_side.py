@@ -21,8 +21,9 @@ def _as_numpy(t) -> np.ndarray:
 
 
 class MSSide:
-    def __init__(self, ms_dir: Path, dtype: str, seed: int):
-        self.model, self.config = load_converted_model(ms_dir, dtype, seed)  # as probe opens it
+    def __init__(self, ms_dir: Path, dtype: str, seed: int, trust: bool = False):
+        self.trust = trust  # `--trust-model-class`: a fault that rebuilds the model builds it so too
+        self.model, self.config = load_converted_model(ms_dir, dtype, seed, trust)  # as probe opens it
         # What the model returns before its hidden states, by HF output name.
         self.outputs = tuple(getattr(type(self.model), "OUTPUTS", ("logits", "loss")))
         self.has_loss = "loss" in self.outputs

@@ -52,10 +52,13 @@ def run_diff(
     lr: float = 1e-4,
     adapter: str | Path | None = None,
     reference: str = "fp64",
+    trust: bool = False,
 ) -> Report:
     """`reference`: "fp64" runs HF's model a second time in float64 (`judge.noise`) and widens
     every bound to the reference's own error, unless the float64 copy would not fit in memory;
-    "none" judges on the fixed bounds scaled for depth and width (`thresholds.fallback_factor`)."""
+    "none" judges on the fixed bounds scaled for depth and width (`thresholds.fallback_factor`).
+    `trust`: the converted folder's model class may be imported even if migrate does not bundle it
+    (`--trust-model-class`)."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
     for folder, what in ((hf_dir, "HF model folder"), (ms_dir, "MindSpore model folder")):
         if not folder.is_dir():
@@ -76,16 +79,17 @@ def run_diff(
     with execution_mode("pynative" if fault else mode):  # faults patch Python methods: PyNative
         return _run(hf_dir, ms_dir, dtype=dtype, batch=batch, seq_len=seq_len, seed=seed, text=text,
                     padded=padded, detail=detail, grads=grads, generate=generate, fault=fault,
-                    thresholds=thresholds, keymap=keymap, mode=mode, lr=lr, adapter=adapter, reference=reference)
+                    thresholds=thresholds, keymap=keymap, mode=mode, lr=lr, adapter=adapter, reference=reference,
+                    trust=trust)
 
 
 def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padded, detail, grads, generate,
-         fault, thresholds, keymap, mode, lr, adapter, reference) -> Report:
-    ms_side = MSSide(ms_dir, dtype, seed)
+         fault, thresholds, keymap, mode, lr, adapter, reference, trust) -> Report:
+    ms_side = MSSide(ms_dir, dtype, seed, trust)
     config = ms_side.config
     # The variant and target the folder was converted with (model.yaml records them).
     km = Keymap.load(keymap or recorded_keymap(ms_dir)).for_model(config.to_dict())
-    plan = ConversionPlan(km, config)  # pairs gradients and parameters by name
+    plan = ConversionPlan(km, config, trust)  # pairs gradients and parameters by name
     if grads and not ms_side.has_loss:
         raise MigrateError(f"--grads needs a model with a loss; {type(ms_side.model).__name__} has none")
     layer = None
@@ -96,7 +100,7 @@ def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padde
     if adapter is not None:  # the same LoRA adapter on both sides (migrate.align.adapters)
         if grads:
             raise MigrateError("--grads with --adapter is not supported; compare the forward and --generate")
-        lora, sites, fields = load_adapter(adapter, ms_dir)
+        lora, sites, fields = load_adapter(adapter, ms_dir, trust)
         attach_to_ms(ms_side.model, lora, sites, fields)
         attach_to_hf(hf_side.model, lora, sites)
     if generate and not hf_side.can_generate:

@@ -81,8 +81,9 @@ def weights_digest(ms_dir: Path) -> dict[str, str]:
 
 
 def export_mindir(ms_dir, out, *, batch: int, prefill_len: int, cache_len: int, compute_dtype: str | None = None,
-                  overwrite: bool = False) -> dict:
-    """Export `ms_dir`'s model as prefill and decode MindIR graphs into `out`; returns mindir.json's record."""
+                  overwrite: bool = False, trust: bool = False) -> dict:
+    """Export `ms_dir`'s model as prefill and decode MindIR graphs into `out`; returns mindir.json's record.
+    `trust`: the folder's model class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     ms_dir = Path(ms_dir)
     if not ms_dir.is_dir():
         raise MigrateError(f"MindSpore model folder not found: {ms_dir}")
@@ -92,11 +93,12 @@ def export_mindir(ms_dir, out, *, batch: int, prefill_len: int, cache_len: int, 
     if prefill_len >= cache_len:
         raise MigrateError(f"--prefill-len ({prefill_len}) must be shorter than --cache-len ({cache_len})")
     with execution_mode("graph"):  # mindspore.export compiles the graph; the caller's mode is put back after
-        return _export(ms_dir, out, batch, prefill_len, cache_len, compute_dtype, overwrite)
+        return _export(ms_dir, out, batch, prefill_len, cache_len, compute_dtype, overwrite, trust)
 
 
-def _export(ms_dir: Path, out, batch: int, prefill_len: int, cache_len: int, compute_dtype, overwrite: bool) -> dict:
-    model, config = load_model(ms_dir, compute_dtype=compute_dtype)
+def _export(ms_dir: Path, out, batch: int, prefill_len: int, cache_len: int, compute_dtype, overwrite: bool,
+            trust: bool = False) -> dict:
+    model, config = load_model(ms_dir, compute_dtype=compute_dtype, trust=trust)
     limit = learned_positions(model)
     if limit is not None and cache_len > limit:
         raise MigrateError(f"--cache-len ({cache_len}) exceeds the model's {limit} learned positions")

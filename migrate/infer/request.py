@@ -52,8 +52,10 @@ class Outcome:
 
 
 def generate_text(source: Source, *, texts=(), ids=(), options: Options,
-                  write: Callable[[str], None] | None = None) -> Outcome:
-    """Generate for every prompt (one batch, left-padded); `write` streams a single prompt's text."""
+                  write: Callable[[str], None] | None = None, trust: bool = False) -> Outcome:
+    """Generate for every prompt (one batch, left-padded); `write` streams a single prompt's text.
+    `trust`: the converted folder's model class may be imported even if migrate does not bundle it
+    (`--trust-model-class`)."""
     if source.ms_dir is None and source.mindir is None:
         raise MigrateError("generate needs a converted folder MS_DIR or --mindir DIR")
     if options.compare_hf is not None and not Path(options.compare_hf).is_dir():
@@ -71,7 +73,7 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
         folder = Path(source.ms_dir)
         if not folder.is_dir():
             raise MigrateError(f"MindSpore model folder not found: {folder}")
-        config = load_model_config(folder)
+        config = load_model_config(folder, trust)
         fields = config.to_dict()
         eos, pad = stop_and_pad(folder, config)
     vocab = fields["vocab_size"]
@@ -93,7 +95,7 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
         if spec is not None:
             runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
         else:
-            runner, path = _live_runner(folder, batch, options)
+            runner, path = _live_runner(folder, batch, options, trust)
         stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
         on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
         result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
@@ -115,12 +117,13 @@ def _check_live_options(options: Options) -> None:
         raise MigrateError(f"unknown dtype {options.dtype!r}; choose from {', '.join(PRECISIONS)}")
 
 
-def _live_runner(folder: Path, batch: Batch, options: Options):
+def _live_runner(folder: Path, batch: Batch, options: Options, trust: bool = False):
     """The converted model as a runner, in the mode the caller holds (`options.mode`)."""
     from migrate.infer.runners import CachedRunner, UncachedRunner
     from migrate.models.loading import load_model
 
-    model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None)
+    model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None,
+                          trust=trust)
     cache_len = options.cache_len or batch.prompt_len + max(options.max_new_tokens, 1)
     check_lengths(batch, options.max_new_tokens, cache_len)  # before the model loads
     kind = CachedRunner if options.cache else UncachedRunner

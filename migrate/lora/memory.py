@@ -65,9 +65,11 @@ def lora_estimate(config, layout: Layout, seq_length: int, dtype: str = "bf16", 
 
 
 
-def lora_planning(model_path, config, rank: int, targets: str, seq_length: int, dtype: str):
+def lora_planning(model_path, config, rank: int, targets: str, seq_length: int, dtype: str, *,
+                  trust: bool = False):
     """(estimator for `plan.plan`, a table of full training next to LoRA on one device) for
-    `migrate plan --lora-rank R --lora-targets q_proj,v_proj|all-linear`."""
+    `migrate plan --lora-rank R --lora-targets q_proj,v_proj|all-linear`. trust: the folder's model
+    class may be imported (for its parameter shapes) even if migrate does not bundle it."""
     from rich.table import Table
 
     names = ALL_LINEAR if targets.strip() == ALL_LINEAR else [t.strip() for t in targets.split(",") if t.strip()]
@@ -76,7 +78,7 @@ def lora_planning(model_path, config, rank: int, targets: str, seq_length: int, 
     if problems:
         raise MigrateError(f"--lora-{problems[0][0].replace('target_modules', 'targets')}: {problems[0][1]}")
     folder = Path(model_path) if Path(model_path).is_dir() else Path(model_path).parent
-    plan = ConversionPlan(Keymap.load(recorded_keymap(folder)).for_model(config.to_dict()), config)
+    plan = ConversionPlan(Keymap.load(recorded_keymap(folder)).for_model(config.to_dict()), config, trust)
     sites = resolve_targets(spec, plan)
     estimator = partial(lora_estimate, sites=sites, rank=rank)
     one = Layout(micro_batch_size=1)

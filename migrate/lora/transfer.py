@@ -95,11 +95,13 @@ def open_adapter(path: str | Path) -> Adapter:
 
 
 # ---------- the base ----------
-def base_plan(ms_model: Path) -> ConversionPlan:
+def base_plan(ms_model: Path, trust: bool = False) -> ConversionPlan:
+    """The converted base's plan; `trust`: its model class may be imported even if migrate does not
+    bundle it (`--trust-model-class`)."""
     if not Path(ms_model).is_dir():
         raise MigrateError(f"base model folder not found: {ms_model}")
-    config = load_model_config(Path(ms_model) / "model.yaml")
-    return ConversionPlan(resolve(recorded_keymap(ms_model)).for_model(config.to_dict()), config)
+    config = load_model_config(Path(ms_model) / "model.yaml", trust)
+    return ConversionPlan(resolve(recorded_keymap(ms_model)).for_model(config.to_dict()), config, trust)
 
 
 def base_weights(ms_model: Path, plan: ConversionPlan, names: set[str]) -> dict[str, np.ndarray]:
@@ -147,10 +149,11 @@ def _base_of(adapter: Adapter, ms_model) -> Path:
 
 
 # ---------- the three commands ----------
-def export_adapter(src: str | Path, out: str | Path, ms_model=None, overwrite: bool = False) -> Path:
+def export_adapter(src: str | Path, out: str | Path, ms_model=None, overwrite: bool = False, *,
+                   trust: bool = False) -> Path:
     adapter = open_ms_adapter(src)
     base = _base_of(adapter, ms_model)
-    plan = base_plan(base)
+    plan = base_plan(base, trust)
     _, fingerprint = fit_to_base(adapter, base, plan)
     with atomic_output_dir(out, overwrite=overwrite, command="lora export", source=adapter.path,
                            inputs=(base,)) as tmp:
@@ -159,10 +162,11 @@ def export_adapter(src: str | Path, out: str | Path, ms_model=None, overwrite: b
     return Path(out)
 
 
-def import_adapter(peft_dir: str | Path, ms_model: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+def import_adapter(peft_dir: str | Path, ms_model: str | Path, out: str | Path, overwrite: bool = False, *,
+                   trust: bool = False) -> Path:
     adapter = open_adapter(peft_dir)
     ms_model = Path(ms_model).resolve()
-    plan = base_plan(ms_model)
+    plan = base_plan(ms_model, trust)
     sites, fingerprint = fit_to_base(adapter, ms_model, plan)
     with atomic_output_dir(out, overwrite=overwrite, command="lora import", source=adapter.path,
                            inputs=(ms_model,)) as tmp:
@@ -194,12 +198,14 @@ def merged_deltas(adapter: Adapter, sites: list[Site], fields: dict) -> dict[str
     return deltas
 
 
-def merge_adapter(adapter_path: str | Path, out: str | Path, ms_model=None, overwrite: bool = False) -> Path:
+def merge_adapter(adapter_path: str | Path, out: str | Path, ms_model=None, overwrite: bool = False, *,
+                  trust: bool = False) -> Path:
     """A converted folder whose weights are the base's plus the adapter's update: W + scaling·B·A,
-    computed in fp32 and stored in the base's dtype. Tensors stream one at a time."""
+    computed in fp32 and stored in the base's dtype. Tensors stream one at a time. trust (each of the
+    three commands): the base's model class may be imported even if migrate does not bundle it."""
     adapter = open_adapter(adapter_path)
     base = _base_of(adapter, ms_model)
-    plan = base_plan(base)
+    plan = base_plan(base, trust)
     sites, _ = fit_to_base(adapter, base, plan)
     deltas = {plan.checkpoint_names.get(n, n): d for n, d in merged_deltas(adapter, sites, plan.fields).items()}
     ckpt = open_ms_checkpoint(base)

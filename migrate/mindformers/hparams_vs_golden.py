@@ -177,8 +177,8 @@ def _lr_row(golden: list[float], mf: list[float]) -> HparamRow:
                      "MindFormers' formula equals transformers' at every step (it evaluates it in float32)")
 
 
-def _model_rows(doc_model: dict, cfg: RunConfig) -> list[HparamRow]:
-    config = load_model_config(cfg.require("ms_model"))
+def _model_rows(doc_model: dict, cfg: RunConfig, trust: bool = False) -> list[HparamRow]:
+    config = load_model_config(cfg.require("ms_model"), trust)
     want = model_section(config, seq_length=cfg.seq_length, precision=cfg.dtype, params_dtype="fp32",
                          cpu=False)["model_config"]
     got = dict(doc_model)
@@ -197,8 +197,9 @@ def _model_rows(doc_model: dict, cfg: RunConfig) -> list[HparamRow]:
     return rows
 
 
-def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path) -> HparamsReport:
-    """Golden (live torch objects) against what MindFormers 2.0.0 does with `mf_yaml`."""
+def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path, *, trust: bool = False) -> HparamsReport:
+    """Golden (live torch objects) against what MindFormers 2.0.0 does with `mf_yaml`; `trust`: ms_model's
+    class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     doc = load_mf_yaml(mf_yaml)
     g, m = golden_knobs(cfg), mf_knobs(doc, cfg)
     rows = [HparamRow("optimizer", g["optimizer"], m["optimizer"], m["optimizer"] == "AdamW",
@@ -207,10 +208,10 @@ def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path) -> HparamsReport:
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], _same(g[knob], m[knob]) if knob != "betas" else
                               all(_same(a, b) for a, b in zip(g[knob], m[knob]))))
-    config = load_model_config(cfg.require("ms_model"))
+    config = load_model_config(cfg.require("ms_model"), trust)
     config.qkv_concat = bool(m["model"].get("qkv_concat"))
     km = resolve(recorded_keymap(cfg.ms_model)).with_target("qkv_concat" if config.qkv_concat else None)
-    plan = ConversionPlan(km, config)
+    plan = ConversionPlan(km, config, trust)
     names = {n: shape for n, shape in plan.expected.items()}
     no_decay = {n for n, shape in names.items() if len(shape) == 1 or n.endswith(".bias")}
     decayed = set(names) - no_decay if m["weight_decay"] else set()
@@ -254,7 +255,7 @@ def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path) -> HparamsReport:
                           "epochs × dataset size" if m["steps_trained"] is not None else
                           "dataset size unknown: not compared"))
     rows.append(HparamRow("seed", cfg.seed, m["seed"], cfg.seed == m["seed"]))
-    rows += _model_rows(m["model"], cfg)
+    rows += _model_rows(m["model"], cfg, trust)
     return HparamsReport(rows)
 
 

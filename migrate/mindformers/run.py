@@ -87,7 +87,9 @@ def _layout(config: LlamaConfig, dp: int, mp: int, pp: int, micro_batches: int, 
 def mindformers_run(ms_dir: str | Path | None = None, run_config: RunConfig | None = None, *,
                     seq_length: int | None = None, dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
                     optimizer_shard: bool = False, device: str = "ascend", device_memory: int | None = None,
-                    output_dir: str | None = None) -> MFRun:
+                    output_dir: str | None = None, trust: bool = False) -> MFRun:
+    """The MindFormers run YAML of a converted folder (and run.yaml's training); `trust`: the folder's
+    model class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     if device not in ("ascend", "cpu"):
         raise MigrateError(f"unknown device {device!r}; choose ascend or cpu")
     cpu = device == "cpu"
@@ -98,7 +100,7 @@ def mindformers_run(ms_dir: str | Path | None = None, run_config: RunConfig | No
     ms_dir = Path(ms_dir)
     if not (ms_dir / "model.yaml").is_file():
         raise MigrateError(f"{ms_dir} is not a converted folder (no model.yaml)")
-    config = load_model_config(ms_dir)
+    config = load_model_config(ms_dir, trust)
     if not isinstance(config, LlamaConfig):
         raise MigrateError(f"{ms_dir}: MindFormers YAMLs are written for the Llama family (hf_llama, hf_qwen2, "
                            f"hf_mistral), not {type(config).__name__}")

@@ -19,10 +19,10 @@ from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
 from migrate.models.registry import build_model, lazy_parameters, load_model_config
 
 
-def build_lazy_model(config):
-    """The bundled model with shapes and dtypes but no parameter data."""
+def build_lazy_model(config, trust: bool = False):
+    """The model with shapes and dtypes but no parameter data (`trust`: `registry.check_model_class`)."""
     with lazy_parameters():
-        return build_model(config)
+        return build_model(config, trust=trust)
 
 
 def load_checkpoint_dict(path: str | Path) -> dict:
@@ -42,33 +42,37 @@ def load_checkpoint_dict(path: str | Path) -> dict:
     return merged
 
 
-def checkpoint_to_model_names(ms_dir: Path, config) -> dict[str, str]:
+def checkpoint_to_model_names(ms_dir: Path, config, trust: bool = False) -> dict[str, str]:
     """Checkpoint name -> model parameter name, for a folder converted to a keymap
     target that renames (model.yaml `keymap_target`, e.g. mcore); empty otherwise."""
     fields = config.to_dict()
     if not fields.get(TARGET_FIELD):
         return {}
-    plan = ConversionPlan(resolve(recorded_keymap(ms_dir)).for_model(fields), config)
+    plan = ConversionPlan(resolve(recorded_keymap(ms_dir)).for_model(fields), config, trust)
     return {ckpt_name: model_name for model_name, ckpt_name in plan.checkpoint_names.items()}
 
 
-def load_model(ms_dir: str | Path, compute_dtype: str | None = None, plan: ConversionPlan | None = None):
+def load_model(ms_dir: str | Path, compute_dtype: str | None = None, plan: ConversionPlan | None = None, *,
+               trust: bool = False):
     """(model, config) with every parameter loaded: none missing, none unexpected. The
     model class and its config class are the ones model.yaml names (`model_class`).
     plan: the folder's conversion plan when the caller has resolved it (the trainer): its
-    config is the one built and returned, its checkpoint names pair the tensors."""
+    config is the one built and returned, its checkpoint names pair the tensors, its `trust`
+    is the one used. trust: import a model class migrate does not bundle (`--trust-model-class`)."""
     ms_dir = Path(ms_dir)
-    config = plan.config if plan is not None else load_model_config(ms_dir / "model.yaml")
+    if plan is not None:
+        trust = plan.trust
+    config = plan.config if plan is not None else load_model_config(ms_dir / "model.yaml", trust)
     if compute_dtype:
         config.compute_dtype = compute_dtype
     ckpt = open_ms_checkpoint(ms_dir)  # headers only: check the fit before reading any data
     if plan is None:
-        to_model = checkpoint_to_model_names(ms_dir, config)
+        to_model = checkpoint_to_model_names(ms_dir, config, trust)
     else:
         to_model = {ckpt_name: model_name for model_name, ckpt_name in plan.checkpoint_names.items()
                     if ckpt_name != model_name}
     specs = {to_model.get(name, name): spec for name, spec in ckpt.specs.items()}  # by model name
-    model = build_lazy_model(config)
+    model = build_lazy_model(config, trust)
     params = {p.name: p for p in model.get_parameters()}
     not_loaded = [name for name in params if name not in specs]
     unused = [name for name in specs if name not in params]

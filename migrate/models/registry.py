@@ -14,21 +14,22 @@ A target string comes from files a user may have been handed (a converted folder
 model.yaml `model_class`, a keymap's `target`), and importing a module runs its code
 (`os:system`, `this:s`). So only registered classes are imported: the bundled models
 and the targets of the bundled keymaps. Any other class needs the user's explicit
-opt-in: ``trust=True`` passed down (the command line's `--trust-model-class`, which the
-entry point also exports as MIGRATE_TRUST_MODEL_CLASS=1 for the worker processes it starts),
-MIGRATE_TRUST_MODEL_CLASS=1 in the environment a process was started with, or
-`allow_model_class(target)` from Python. Nothing here writes the environment.
+opt-in, passed as an argument: ``trust=True`` on every public function that reads a
+folder's or keymap's class (`load_model_config`, `ConversionPlan`, `convert`, `export`,
+`train`, ...), or `allow_model_class(target)` from Python for one class. Nothing here
+reads or writes the environment: only entry points read MIGRATE_TRUST_MODEL_CLASS
+(`trust_from_env`): the `migrate` command (its `--trust-model-class`, or the variable set
+to 1), and msrun's workers, whose launcher sets it in the environment it hands them.
 """
 from __future__ import annotations
 
 import importlib
 import math
-import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from migrate.errors import MigrateError
 from migrate.keymap import MODEL_CLASS_FIELD, bundled_targets
@@ -144,7 +145,7 @@ def parameter_shapes(model) -> dict[str, tuple[int, ...]]:
 
 
 # ---------- which classes may be imported ----------
-TRUST_ENV = "MIGRATE_TRUST_MODEL_CLASS"
+TRUST_ENV = "MIGRATE_TRUST_MODEL_CLASS"  # the opt-in as an entry point reads it (`trust_from_env`)
 _allowed: set[str] = set()         # classes a Python caller allowed explicitly
 
 
@@ -153,10 +154,11 @@ def allow_model_class(target: str) -> None:
     _allowed.add(target)
 
 
-def trusting() -> bool:
-    """The opt-in a process was started with (MIGRATE_TRUST_MODEL_CLASS): msrun's workers and
-    Python callers that pass no ``trust``."""
-    return os.environ.get(TRUST_ENV, "").strip().lower() not in ("", "0", "false", "no")
+def trust_from_env(environ: Mapping[str, str]) -> bool:
+    """The opt-in MIGRATE_TRUST_MODEL_CLASS gives in `environ` (1, true, yes; unset, 0, false, no:
+    none). For entry points only (`migrate.cli.main`, msrun's worker, the golden script): each
+    reads it once and passes ``trust=`` down; nothing below them looks at the environment."""
+    return environ.get(TRUST_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def registered_model_classes() -> set[str]:
@@ -165,16 +167,17 @@ def registered_model_classes() -> set[str]:
 
 
 def check_model_class(target, trust: bool = False) -> str:
-    """`target` if it may be imported (``trust``: the caller's explicit opt-in); MigrateError in one
-    line otherwise."""
+    """`target` if it may be imported: a registered class, one `allow_model_class` allowed, or any
+    with ``trust`` (the caller's explicit opt-in; the environment is not read); MigrateError in
+    one line otherwise."""
     if not isinstance(target, str) or not MODEL_CLASS.fullmatch(target):
         raise MigrateError(f"model class must be 'module:Class', got {quote(target)}")
-    if target in FAMILIES or target in _allowed or trust or trusting() or target in registered_model_classes():
+    if target in FAMILIES or target in _allowed or trust or target in registered_model_classes():
         return target
     raise MigrateError(
         f"refusing to import model class {quote(target)}: not one of migrate's models "
         f"({', '.join(sorted(registered_model_classes()))}); if it is your own and you trust the folder or keymap "
-        f"naming it, set {TRUST_ENV}=1 (or pass --trust-model-class)"
+        f"naming it, pass --trust-model-class (or {TRUST_ENV}=1 to the migrate command; trust=True from Python)"
     )
 
 

@@ -68,9 +68,10 @@ def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: 
               padded: bool = False, detail: bool = False, statistics: bool = False,
               mapping: str | Path | None = None, thresholds=None,
               keymap: str | None = None, inputs_file: str | Path | None = None,
-              dtype_given: bool = False, reference: str = "fp64") -> Report:
+              dtype_given: bool = False, reference: str = "fp64", trust: bool = False) -> Report:
     """`reference`: "fp64" runs a live torch side's float64 twin (`probe.twin`); a dump brings the
-    noise it recorded. Where neither side has one, the fixed bounds scale for depth and width."""
+    noise it recorded. Where neither side has one, the fixed bounds scale for depth and width.
+    `trust`: a converted folder's model class may be imported even if migrate does not bundle it."""
     sides = [_Opened(spec, side_kind(spec)) for spec in (ref, got)]
     dumped = [s for s in sides if s.dump]
     dtypes = {s.dtype for s in dumped}
@@ -88,7 +89,7 @@ def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: 
     table = load_mapping(mapping) if mapping else None
     for s in sides:
         if not s.dump:
-            s.side = open_side(s.spec, dtype, seed, keymap)
+            s.side = open_side(s.spec, dtype, seed, keymap, trust)
             s.align, s.label, s.dtype = s.side.align, s.side.label, dtype
             s.versions = versions(s.side.framework)
     if inputs is None:

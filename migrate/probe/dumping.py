@@ -121,11 +121,13 @@ def side_inputs(side: Side, inputs_file: str | Path | None, *, batch: int, seq_l
 def dump(spec: str, out: str | Path, *, dtype: str = "fp32", seed: int = 0, inputs_file: str | Path | None = None,
          batch: int = 2, seq_len: int = 16, padded: bool = False, statistics: bool = False,
          keymap: str | None = None, overwrite: bool = False, record_inputs: bool = False,
-         params: bool = False, scope: str | None = None, reference: str = "fp64") -> DumpResult:
+         params: bool = False, scope: str | None = None, reference: str = "fp64",
+         trust: bool = False) -> DumpResult:
     """Run one side once on the shared inputs and write its dump folder; with `scope` (a regular
     expression) only the modules whose name it finds, and the model's own outputs. A torch side
     also runs its float64 twin first (`probe.twin`; `reference="none"` skips it) and each record
-    keeps its own error against it: the noise reference `migrate diff` judges the dumps with."""
+    keeps its own error against it: the noise reference `migrate diff` judges the dumps with.
+    `trust`: a converted folder's model class may be imported even if migrate does not bundle it."""
     include = None
     if scope is not None:
         try:
@@ -134,7 +136,7 @@ def dump(spec: str, out: str | Path, *, dtype: str = "fp32", seed: int = 0, inpu
             raise MigrateError(f"--scope {scope!r} is not a regular expression: {exc}") from None
     if side_kind(spec) == "dump":
         raise MigrateError(f"{spec} is a dump already; dump a model folder or module:factory")
-    side = open_side(spec, dtype, seed, keymap)
+    side = open_side(spec, dtype, seed, keymap, trust)
     inputs, written = side_inputs(side, inputs_file, batch=batch, seq_len=seq_len, seed=seed, padded=padded)
     noise, ref_entry = twin_recording(side, inputs, lambda model: call_model(replace(side, model=model), inputs),
                                       reference)

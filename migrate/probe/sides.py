@@ -60,12 +60,14 @@ def side_kind(spec: str) -> str:
                        "module:factory)")
 
 
-def open_side(spec: str, dtype: str, seed: int, keymap: str | None = None) -> Side:
+def open_side(spec: str, dtype: str, seed: int, keymap: str | None = None, trust: bool = False) -> Side:
+    """`trust`: a converted folder's model class may be imported even if migrate does not bundle it
+    (`--trust-model-class`); `module:factory` is code the caller named, imported as named."""
     kind = side_kind(spec)
     if kind == "hf":
         return _hf_side(Path(spec), dtype, seed, keymap)
     if kind == "converted":
-        return _converted_side(Path(spec), dtype, seed)
+        return _converted_side(Path(spec), dtype, seed, trust)
     if kind == "user":
         return _user_side(spec, seed)
     raise MigrateError(f"{spec} is a dump, not a model")
@@ -111,22 +113,22 @@ def _hf_side(folder: Path, dtype: str, seed: int, keymap: str | None) -> Side:
                 config.get("pad_token_id") or 0)
 
 
-def load_converted_model(folder: Path, dtype: str, seed: int):
+def load_converted_model(folder: Path, dtype: str, seed: int, trust: bool = False):
     """(model, config) of a converted folder: the bundled MindSpore model model.yaml names, computing
     in `dtype`, dropout off. The mode is left alone: the hooks (`probe.hooks_ms`) scope PyNative to
-    the recorded run."""
+    the recorded run. `trust`: `load_model`'s."""
     import mindspore as ms
 
     from migrate.models.loading import load_model
 
     ms.set_seed(seed)
-    model, config = load_model(folder, compute_dtype=PRECISIONS[dtype].compute)
+    model, config = load_model(folder, compute_dtype=PRECISIONS[dtype].compute, trust=trust)
     model.set_train(False)
     return model, config
 
 
-def _converted_side(folder: Path, dtype: str, seed: int) -> Side:
-    model, config = load_converted_model(folder, dtype, seed)
+def _converted_side(folder: Path, dtype: str, seed: int, trust: bool = False) -> Side:
+    model, config = load_converted_model(folder, dtype, seed, trust)
     return Side("MindSpore", "converted", str(folder), "mindspore", model, bundled_align(type(model)),
                 config.vocab_size, config.pad_token_id or 0)
 

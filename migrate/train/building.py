@@ -59,11 +59,12 @@ class MSTraining:
         return self.micro.loss_divisor
 
 
-def trainable_model_config(ms_dir):
+def trainable_model_config(ms_dir, trust: bool = False):
     """The model config of a converted folder the trainer can train (a family the registry
     marks `trains`: the bundled Llama, hf_llama, hf_qwen2, hf_mistral, hf_gemma, fused or not);
-    anything else is refused in one line."""
-    return _trainable(load_model_config(Path(ms_dir) / "model.yaml"), ms_dir)
+    anything else is refused in one line. `trust`: model.yaml's class may be imported even if
+    migrate does not bundle it (`--trust-model-class`; it is refused here all the same)."""
+    return _trainable(load_model_config(Path(ms_dir) / "model.yaml", trust), ms_dir)
 
 
 def _trainable(config, where):
@@ -76,31 +77,32 @@ def _trainable(config, where):
     return config
 
 
-def resolve_plan(cfg: RunConfig, weights: bool = True) -> ConversionPlan:
+def resolve_plan(cfg: RunConfig, weights: bool = True, trust: bool = False) -> ConversionPlan:
     """The run's conversion plan, resolved once and carried to every consumer (loading, decay
     pairing, LoRA sites, checkpoint names, `migrate hparams`): the keymap variant and target
     (qkv_concat, mcore) the folder was converted with, for its model config in fp32.
     weights=False without ms_model: the keymap and config `migrate convert` would pick from
-    hf_model's config.json."""
+    hf_model's config.json. `trust` (`--trust-model-class`) is the plan's: what the run builds
+    from it (`load_training_model`) reads it there."""
     if not weights and cfg.ms_model is None:  # none converted: the family of hf_model's config.json
         keymap, config = model_config_from_hf(cfg.require("hf_model"))
         config = _trainable(config, cfg.hf_model)
     else:
-        config = trainable_model_config(cfg.require("ms_model"))
+        config = trainable_model_config(cfg.require("ms_model"), trust)
         keymap = Keymap.load(recorded_keymap(cfg.require("ms_model")))
     config.compute_dtype = "float32"
-    return ConversionPlan(keymap.for_model(config.to_dict()), config)
+    return ConversionPlan(keymap.for_model(config.to_dict()), config, trust)
 
 
 def load_training_model(cfg: RunConfig, weights: bool = True, plan: ConversionPlan | None = None):
     """(model, config): the bundled model in fp32 with the run's dropout, recompute and autocast policy;
-    config is plan.config (`resolve_plan`)."""
+    config is plan.config (`resolve_plan`), the model class is imported as plan.trust allows."""
     plan = plan or resolve_plan(cfg, weights)
     config = plan.config
     if weights:
         model, config = load_model(cfg.require("ms_model"), plan=plan)
     else:
-        model = build_model(config)
+        model = build_model(config, trust=plan.trust)
     config.attention_dropout = cfg.dropout  # the golden sets every *dropout field
     for layer in model.model.layers:
         layer.attention.dropout = cfg.dropout
@@ -112,14 +114,18 @@ def load_training_model(cfg: RunConfig, weights: bool = True, plan: ConversionPl
     return model, config
 
 
-def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, weights: bool = True) -> MSTraining:
+def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, weights: bool = True, *,
+                   trust: bool = False) -> MSTraining:
+    """Every live object of the run. trust: the folder's model class may be imported even if migrate
+    does not bundle it (`--trust-model-class`); the run's plan carries it (`resolve_plan`)."""
     faults = check_faults(faults)
     if model is None:
-        plan = resolve_plan(cfg, weights)
+        plan = resolve_plan(cfg, weights, trust)
         model, model_config = load_training_model(cfg, weights, plan)
     else:  # a model built by the caller: the plan for its config
         model_config = model_config or model.config
-        plan = ConversionPlan(resolve_plan(cfg, weights).keymap.for_model(model_config.to_dict()), model_config)
+        plan = ConversionPlan(resolve_plan(cfg, weights, trust).keymap.for_model(model_config.to_dict()),
+                              model_config, trust)
     # The knobs come from the config; an injected fault adjusts them (migrate.train.knob_faults).
     knobs = apply_faults(TrainingKnobs.from_config(cfg), faults)
     opt = cfg.optimizer

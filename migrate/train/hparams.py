@@ -144,11 +144,11 @@ def golden_knobs(cfg: RunConfig) -> dict:
     return knobs
 
 
-def ms_knobs(cfg: RunConfig, faults=()) -> tuple[dict, Any]:
+def ms_knobs(cfg: RunConfig, faults=(), trust: bool = False) -> tuple[dict, Any]:
     from mindspore.nn.utils import no_init_parameters
 
     with no_init_parameters():  # parameters and AdamW moments keep their shapes, no data: a 70B fits
-        training = build_training(cfg, faults, weights=False)
+        training = build_training(cfg, faults, weights=False, trust=trust)
     opt = training.optimizer
     groups = opt.param_groups
     decayed = [g for g in groups if g["weight_decay"] != 0]
@@ -228,10 +228,11 @@ def _lr_row(golden: list[float], ms: list[float]) -> HparamRow:
                      f"identical to {LR_REL:g} relative at every step")
 
 
-def hparams_report(cfg: RunConfig, faults=()) -> HparamsReport:
-    """Both sides' knobs from the live objects; `faults` are injected on the MindSpore side."""
+def hparams_report(cfg: RunConfig, faults=(), *, trust: bool = False) -> HparamsReport:
+    """Both sides' knobs from the live objects; `faults` are injected on the MindSpore side; `trust`:
+    ms_model's class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     g = golden_knobs(cfg)
-    m, training = ms_knobs(cfg, faults)
+    m, training = ms_knobs(cfg, faults, trust)
     rows = [HparamRow("optimizer", g["optimizer"], m["optimizer"], True, "torch semantics on both sides")]
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], g[knob] == m[knob]))

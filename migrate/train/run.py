@@ -32,13 +32,16 @@ class RunFailed(MigrateError):
 def run_training(config: str | Path, *, out: str | Path | None = None, resume: str | Path | None = None,
                  mode: str = "graph", dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
                  optimizer_shard: bool = False, cluster: Cluster = Cluster(),
-                 echo: Callable[[str], None] = print, step_faults=(), profile: bool = False) -> Path:
+                 echo: Callable[[str], None] = print, step_faults=(), profile: bool = False,
+                 trust: bool = False) -> Path:
     """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
     and, with several processes, rank 0's progress lines. profile: the step-time breakdown
-    (`migrate.train.step.profile`), logged and printed at the end."""
+    (`migrate.train.step.profile`), logged and printed at the end. trust: the converted folder's
+    model class may be imported even if migrate does not bundle it (`--trust-model-class`); msrun's
+    workers get it through the environment their launcher builds (`launch`)."""
     cfg = RunConfig.load(config)
     layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
-    errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model")), cfg, cluster)
+    errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model"), trust), cfg, cluster)
     if cfg.lora is not None and (layout.mp > 1 or layout.pp > 1):
         errors.append("a LoRA run trains with data parallelism only (--dp): --mp/--pp shard the kernels the "
                       "adapters wrap")
@@ -52,8 +55,10 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if resume is not None:
         check_resumable(open_checkpoint(resume), cfg, (), layout)  # before any process starts
     if layout.devices == 1 and cluster.nodes == 1:
-        return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults, profile=profile)
-    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile)
+        return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults, profile=profile,
+                     trust=trust)
+    result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile,
+                    trust=trust)
     if result.code != 0:
         raise RunFailed(f"distributed run failed: {result.summary()}", result.code)
     return out_dir

@@ -125,7 +125,8 @@ PEAK_UNMEASURED = "not measured on this rank (rank 0 logs MFU)"
 # ---------- the run ----------
 def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path | None = None, progress: bool = True,
           *, mode: str = "graph", faults=(), peak_flops: float | None = None, log=None,
-          stop_after: int | None = None, parallel=None, step_faults=(), profile: bool = False) -> Path:
+          stop_after: int | None = None, parallel=None, step_faults=(), profile: bool = False,
+          trust: bool = False) -> Path:
     """Train on MindSpore; returns the output folder.
 
     resume: a checkpoint folder, or a run folder (its `latest`); the run goes on
@@ -141,11 +142,13 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, resume: str | Path 
     The health policy `stop` raises `health_log.HealthStop` (exit code 3).
     profile: time each step's phases behind synchronised calls (`migrate.train.step.profile`),
     log them as time_*_s fields and print the breakdown table at the end; off, nothing changes.
+    trust: the converted folder's model class may be imported even if migrate does not bundle it
+    (`--trust-model-class`; the run's plan carries it, `building.resolve_plan`).
     """
     if mode not in MODES:
         raise MigrateError(f"unknown mode {mode!r}; use graph or pynative")
     recipe = MindSporeRecipe(cfg, out_dir, mode=mode, faults=faults, peak_flops=peak_flops, log=log,
-                             parallel=parallel, step_faults=step_faults, profile=profile)
+                             parallel=parallel, step_faults=step_faults, profile=profile, trust=trust)
     with execution_mode(mode):
         return recipe.train(resume, stop_after=stop_after, progress=progress)
 
@@ -154,8 +157,9 @@ class MindSporeRecipe:
     """One MindSpore training run: setup / resume / step / save, and the loop over them (`train`)."""
 
     def __init__(self, cfg: RunConfig, out_dir=None, *, mode: str = "graph", faults=(), peak_flops=None, log=None,
-                 parallel=None, step_faults=(), profile: bool = False):
+                 parallel=None, step_faults=(), profile: bool = False, trust: bool = False):
         self.cfg, self.mode, self.parallel, self.profile = cfg, mode, parallel, profile
+        self.trust = trust  # `--trust-model-class`, until `build_training` puts it on the run's plan
         self.faults = check_faults(faults)
         self.step_faults = parse_step_faults(step_faults)
         self.peak_flops = peak_flops
@@ -175,14 +179,15 @@ class MindSporeRecipe:
         # Under pp, one trainer micro-step feeds the Pipeline micro_batches micro-batches at once.
         data_cfg = cfg if layout.pp == 1 else cfg.replace(micro_batch_size=cfg.micro_batch_size * layout.micro_batches)
         self.order = training_order(data_cfg, layout.dp)
-        check_vocab(cfg.data, load_model_config(Path(cfg.require("ms_model")) / "model.yaml").vocab_size, cfg.ms_model)
+        check_vocab(cfg.data, load_model_config(Path(cfg.require("ms_model")) / "model.yaml", self.trust).vocab_size,
+                    cfg.ms_model)
         checkpoint = open_checkpoint(resume) if resume is not None else None
         if checkpoint is not None:
             check_resumable(checkpoint, cfg, self.faults, layout)
         if self.writer:
             remove_partials(self.out)  # a killed run's half-written checkpoint
         _seed_everything(cfg.seed)
-        self.training = training = build_training(cfg, self.faults)
+        self.training = training = build_training(cfg, self.faults, trust=self.trust)
         if parallel is not None:
             wire_parallel(training, parallel)
         previous = self.resume(checkpoint) if checkpoint is not None else []

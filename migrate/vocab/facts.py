@@ -120,8 +120,9 @@ def hf_side(folder: Path) -> tuple[SideFacts, Keymap]:
     return facts, km
 
 
-def ms_plan(folder: Path) -> tuple[ConversionPlan, dict]:
-    """The converted folder's plan (its recorded keymap over its model.yaml) and model.yaml's fields."""
+def ms_plan(folder: Path, trust: bool = False) -> tuple[ConversionPlan, dict]:
+    """The converted folder's plan (its recorded keymap over its model.yaml) and model.yaml's fields;
+    `trust`: the plan may import model.yaml's class for its shapes (`ConversionPlan.expected`)."""
     path = Path(folder) / "model.yaml"
     if not path.is_file():
         raise MigrateError(f"no model.yaml in {folder}: not a folder written by `migrate convert`")
@@ -129,7 +130,7 @@ def ms_plan(folder: Path) -> tuple[ConversionPlan, dict]:
     if not isinstance(fields, dict):
         raise MigrateError(f"{path} is not a mapping of fields")
     km = resolve(recorded_keymap(folder)).for_model(fields)
-    return ConversionPlan(km, fields), fields
+    return ConversionPlan(km, fields, trust), fields
 
 
 def ms_vocab_names(plan: ConversionPlan) -> tuple[str, str | None]:

@@ -69,7 +69,9 @@ def target_rows(old: int, to: int | None, multiple: int | None) -> int:
 
 def resize_vocab(ms_dir, out_dir, to: int | None = None, multiple: int | None = None, init: str = "mean",
                  std: float | None = None, seed: int = 0, hf: tuple | None = None,
-                 overwrite: bool = False) -> ResizeResult:
+                 overwrite: bool = False, *, trust: bool = False) -> ResizeResult:
+    """`trust`: the folder's model class may be imported even if migrate does not bundle it
+    (`--trust-model-class`)."""
     ms_dir, out_dir = Path(ms_dir), Path(out_dir)
     if init not in INITS:
         raise MigrateError(f"unknown init {init!r}; choose from {', '.join(INITS)}")
@@ -84,7 +86,7 @@ def resize_vocab(ms_dir, out_dir, to: int | None = None, multiple: int | None = 
         if hf_out.resolve() == out_dir.resolve():
             raise MigrateError(f"the two outputs are the same folder: {out_dir}")
 
-    plan, fields = ms_plan(ms_dir)
+    plan, fields = ms_plan(ms_dir, trust)
     emb, head = ms_vocab_names(plan)
     ckpt = open_ms_checkpoint(ms_dir)
     if emb not in ckpt.specs:
@@ -94,14 +96,14 @@ def resize_vocab(ms_dir, out_dir, to: int | None = None, multiple: int | None = 
     if new == old:
         raise MigrateError(f"{ms_dir} already has {old:,} embedding rows: nothing to resize")
     _check_trim(ms_dir, fields, new)
-    config = load_model_config(ms_dir)
+    config = load_model_config(ms_dir, trust)
     new_config = type(config).from_dict({**config.to_dict(), "vocab_size": new})
     if std is None:
         std = float(fields.get("initializer_range") or 0.02)
     if init == "normal" and not (std > 0 and math.isfinite(std)):
         raise MigrateError(f"--std must be a positive number, got {std}")
     roles = {emb: 0, **({head: 1} if head and head in ckpt.specs else {})}
-    shapes = _new_shapes(ckpt.specs, roles, new, ConversionPlan(plan.keymap, new_config))
+    shapes = _new_shapes(ckpt.specs, roles, new, ConversionPlan(plan.keymap, new_config, trust))
 
     result = ResizeResult(old, new, init, std if init == "normal" else None, seed if init == "normal" else None)
     reason = f"--to {to}" if to is not None else f"--pad-to-multiple {multiple}"

@@ -10,6 +10,9 @@ a free port picked here). It starts its scheduler (on the master node) and
 `python -m migrate.train.launch.worker ...` once per local rank, each with its log
 in RUN/logs/worker_<rank>.log (--log_dir); its own output goes to
 RUN/logs/msrun.log. The first local worker's progress lines are echoed here.
+The workers' environment is built here (`worker_env`): this process's, the caller's
+additions, and the trust opt-in as MIGRATE_TRUST_MODEL_CLASS=1 exactly when `launch`
+was given trust=True (the worker's entry point reads it and passes `trust=` down).
 
 Exit code: msrun reports only that a worker failed (and kills the others), so
 every worker records its own code in RUN/logs/worker_<rank>.exit. A worker
@@ -34,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migrate.models.registry import TRUST_ENV
 from migrate.train.launch.cluster import Cluster
 from migrate.train.launch.worker_files import exit_file, pid_file, record_exit
 
@@ -139,8 +143,10 @@ STOPPED = "stopped by msrun"
 
 
 def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume: Path | None = None,
-           mode: str = "graph", echo=print, env: dict | None = None, profile: bool = False) -> LaunchResult:
-    """Run msrun for this node and wait for it; the result names each rank's exit code and the run's."""
+           mode: str = "graph", echo=print, env: dict | None = None, profile: bool = False,
+           trust: bool = False) -> LaunchResult:
+    """Run msrun for this node and wait for it; the result names each rank's exit code and the run's.
+    trust: the workers may import a model class migrate does not bundle (`worker_env`)."""
     out = Path(out).resolve()
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +163,7 @@ def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume
          f"logs in {log_dir}")
     with open(log_dir / MSRUN_LOG, "w") as msrun_log:
         proc = subprocess.Popen(command, stdout=msrun_log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=_worker_env(log_dir, env))
+                                env=worker_env(log_dir, env, trust))
         try:
             msrun_code = _wait(proc, log_dir, ranks, echo)
         except BaseException:
@@ -217,8 +223,11 @@ def _signal_cause(raw: int) -> str | None:
     return f"was killed by {name} (exit {as_exit_status(raw)})"
 
 
-def _worker_env(log_dir: Path, extra: dict | None) -> dict:
-    """msrun runs the literal command `python`: put this interpreter first on PATH under that name."""
+def worker_env(log_dir: Path, extra: dict | None = None, trust: bool = False) -> dict:
+    """The environment msrun and its workers start with: this process's and `extra`, with the trust
+    opt-in set (MIGRATE_TRUST_MODEL_CLASS=1) when `trust` and removed otherwise, so a worker trusts
+    exactly what the launcher was told. msrun runs the literal command `python`: this interpreter
+    comes first on PATH under that name."""
     import migrate
 
     shim = log_dir / ".bin"
@@ -228,6 +237,10 @@ def _worker_env(log_dir: Path, extra: dict | None) -> dict:
     script.chmod(0o755)
     env = dict(os.environ)
     env.update(extra or {})
+    if trust:
+        env[TRUST_ENV] = "1"
+    else:
+        env.pop(TRUST_ENV, None)
     env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
     package_root = str(Path(migrate.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)

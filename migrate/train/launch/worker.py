@@ -11,6 +11,10 @@ as it ends, so the launcher can report it: msrun itself only says
 that some worker failed. A worker killed outright (SIGKILL, the OOM killer)
 writes nothing; so each also writes LOG_DIR/worker_<rank>.pid as it starts,
 and the launcher matches the pid msrun logs for a dead worker to its rank.
+
+The trust opt-in (`--trust-model-class`) arrives in the environment the launcher built
+(MIGRATE_TRUST_MODEL_CLASS=1, `msrun.worker_env`): `main` reads it once and passes it
+to the trainer as ``trust=``.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import sys
 import traceback
 
 from migrate.errors import MigrateError
+from migrate.models.registry import trust_from_env
 from migrate.parallel.layout import Layout
 from migrate.train.config import RunConfig
 from migrate.train.launch.worker_files import record_exit, record_pid
@@ -43,12 +48,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    trust = trust_from_env(os.environ)  # the launcher's opt-in (`msrun.worker_env`), read here only
     rank = int(os.environ.get("RANK_ID", "-1"))
     if os.environ.get("MS_ROLE") != "MS_SCHED" and rank >= 0:  # msrun exports RANK_ID (we pass --node_rank)
         record_pid(args.log_dir, rank, os.getpid())
     code = 1
     try:
-        code = _run(args)
+        code = _run(args, trust=trust)
     except SystemExit as exc:  # argparse, sys.exit below the trainer
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - every failure must leave its exit code behind
@@ -75,7 +81,7 @@ def _current_rank(fallback: int) -> int:
         return fallback
 
 
-def _run(args) -> int:
+def _run(args, *, trust: bool = False) -> int:
     # MindSpore (and the trainer) load only now: a worker that fails before this point
     # still leaves its pid and exit files, without a MindSpore import in the way.
     from migrate.parallel.runtime import start_parallel
@@ -101,7 +107,7 @@ def _run(args) -> int:
         print("\n".join(f"{prefix}: {part}" for part in line.splitlines() or [""]), flush=True)
 
     train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel, log=log,
-          profile=args.profile)
+          profile=args.profile, trust=trust)
     print(f"{prefix}: done", flush=True)
     return 0
 
