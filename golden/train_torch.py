@@ -59,13 +59,13 @@ from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
 from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
 from migrate.models.registry import family_of, load_model_config  # noqa: E402
-from migrate.train.config import RunConfig  # noqa: E402
-from migrate.train.decay import hf_decay_names  # noqa: E402
 from migrate.run_protocol.cadence import checkpoint_due, eval_due  # noqa: E402
 from migrate.run_protocol.inputs import check_vocab, eval_rows  # noqa: E402
 from migrate.run_protocol.record import finite as _finite  # noqa: E402
 from migrate.run_protocol.record import step_record  # noqa: E402
 from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak, peak_basis  # noqa: E402
+from migrate.train.config import RunConfig  # noqa: E402
+from migrate.train.decay import hf_decay_names  # noqa: E402
 from migrate.train.health.watch import HealthWatch, StepFacts  # noqa: E402
 from migrate.train.run_log import RunLog  # noqa: E402
 from migrate.train.step.faults import parse_step_faults  # noqa: E402

@@ -18,10 +18,10 @@ from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.training_state import split_training_state
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
 from migrate.keymap import MODEL_CLASS_FIELD, TARGET_FIELD, recorded_keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import load_model_config
 from migrate.sidecar import copy_sidecars
 

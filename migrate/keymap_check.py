@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import Keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import allow_model_class
 
 

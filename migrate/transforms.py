@@ -36,8 +36,9 @@ mindformers/utils/convert_utils.py qkv_concat_hf2mg / ffn_concat_hf2mg):
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -306,7 +307,7 @@ class Layout:
         shapes = [tuple(int(d) for d in s) for s in self._check_count(out_shapes, self.n_out, "in_shapes")]
         return self._in_shapes(shapes, cfg)
 
-    def inverted(self, name: str | None = None, description: str | None = None) -> "Layout":
+    def inverted(self, name: str | None = None, description: str | None = None) -> Layout:
         """The same map read backwards (forward <-> inverse)."""
         return Layout(name or f"inverse({self.name})", self.n_out, self.n_in,
                       description or f"inverse of {self.name}",

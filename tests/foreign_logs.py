@@ -45,16 +45,16 @@ def write_megatron(recs: list[dict], path: Path, next_lr: list[float], interval:
     for last, window in lines:
         i = last["step"]
         line = " [2026-12-01 18:00:00.000000]"
-        line += " iteration {:8d}/{:8d} |".format(i, total)
-        line += " consumed samples: {:12d} |".format(i * 8)
-        line += " elapsed time per iteration (ms): {:.1f} |".format(123.4)
+        line += f" iteration {i:8d}/{total:8d} |"
+        line += f" consumed samples: {i * 8:12d} |"
+        line += f" elapsed time per iteration (ms): {123.4:.1f} |"
         line += " learning rate: " + lr_format.format(next_lr[i]) + " |"
-        line += " global batch size: {:5d} |".format(8)
-        line += " lm loss: {:.6E} |".format(_mean_loss(window))
+        line += f" global batch size: {8:5d} |"
+        line += f" lm loss: {_mean_loss(window):.6E} |"
         line += " loss scale: {:.1f} |".format(last.get("loss_scale") or 1.0)
         line += " grad norm: {:.3f} |".format(last["grad_norm"])
         line += " number of skipped iterations: {:3d} |".format(sum(bool(r.get("skipped")) for r in window))
-        line += " number of nan iterations: {:3d} |".format(0)
+        line += f" number of nan iterations: {0:3d} |"
         out.append(line)
         if i == interval:
             out.append("[Rank 0] (after 1 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0")

@@ -68,12 +68,12 @@ def prepare(out: Path) -> None:
     import torch
     from transformers import get_scheduler
 
-    from migrate.models.conversion_plan import ConversionPlan
     from migrate.keymap import resolve
+    from migrate.mindformers.training import lr_section
     from migrate.models.config import LlamaConfig
+    from migrate.models.conversion_plan import ConversionPlan
     from migrate.train.config import RunConfig
     from migrate.train.decay import ms_decay_names
-    from migrate.mindformers.training import lr_section
 
     out.mkdir(parents=True, exist_ok=True)
     migrate = str(Path(sys.executable).with_name("migrate"))

@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from foreign_logs import write_hf_trainer_state, write_megatron, write_mindformers, write_tensorboard
-from test_compare import golden_curve, write_log
 
+from foreign_logs import write_hf_trainer_state, write_megatron, write_mindformers, write_tensorboard
 from migrate.cli import main
-from migrate.errors import MigrateError
 from migrate.compare import compare_runs
 from migrate.compare.log_formats import printed_resolution
 from migrate.compare.readers import detect_format, read_run
+from migrate.errors import MigrateError
+from test_compare import golden_curve, write_log
 
 N = 40
 

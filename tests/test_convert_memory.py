@@ -12,14 +12,14 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
-from ms_helpers import compare, seeded_batch
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
 from migrate.models.loading import load_checkpoint_dict, load_model
+from ms_helpers import compare, seeded_batch
 
 MB = 10**6
 

@@ -221,7 +221,6 @@ TINY = dict(vocab_size=VOCAB, max_position_embeddings=512, initializer_range=0.1
 def base(tmp_path_factory):
     """hf_model/ (a tied GQA Llama with a BPE tokenizer) and corpus/*.txt, built once."""
     from hf_fixtures import build_hf_model, save_hf_model
-
     from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
 
     root = tmp_path_factory.mktemp("docs_base")

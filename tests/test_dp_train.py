@@ -10,10 +10,9 @@ import json
 
 import numpy as np
 import pytest
+
 from fault_worker import EXIT_ENV as FAULT_ENV
 from fault_worker import use_fault_worker
-from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
-
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.models.loading import load_model
@@ -21,6 +20,7 @@ from migrate.train.checkpoint.folder import open_checkpoint
 from migrate.train.checkpoint.shards import LAYOUT_FILE
 from migrate.train.ms_data import micro_batches
 from migrate.train.trainer import check_resumable, train
+from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
 
 STEPS = 50
 RUN_DP1 = RUN.replace("total_steps: 200", f"total_steps: {STEPS}") + "checkpoint_interval: 25\n"

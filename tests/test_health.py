@@ -13,17 +13,17 @@ import shutil
 
 import numpy as np
 import pytest
-from train_setup import load_cfg, load_golden, make_run_dir, metrics
 
 from migrate.cli import main as cli_main
+from migrate.compare import compare_runs
 from migrate.data.samples import load_samples, run_order
 from migrate.data.tokenize import write_mindrecord
 from migrate.errors import MigrateError
-from migrate.compare import compare_runs
 from migrate.train.config import HealthConfig, LossScaleConfig, RunConfig, ScheduleConfig
-from migrate.train.health.watch import HealthWatch, StepFacts
 from migrate.train.health.log import HealthStop
+from migrate.train.health.watch import HealthWatch, StepFacts
 from migrate.train.trainer import train
+from train_setup import load_cfg, load_golden, make_run_dir, metrics
 
 golden = load_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

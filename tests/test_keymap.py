@@ -1,7 +1,7 @@
 """The keymap is data: templates expand per layer, config maps both ways."""
 import pytest
-from hf_fixtures import hf_config
 
+from hf_fixtures import hf_config
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, available
 

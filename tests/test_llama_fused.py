@@ -114,7 +114,7 @@ def ids_for(vocab: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=(2, 12), dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def case(name: str):
     hf_model = build_hf(name)
     cfg = ms_config(hf_model.config)

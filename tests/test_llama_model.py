@@ -11,9 +11,21 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from family_models import (LLAMA, build_hf, case, cosine, hf_forward, hf_in_ms_names, load_into, ms_config,
-                           ms_forward, ms_inputs, to_dtype, to_numpy)
 
+from family_models import (
+    LLAMA,
+    build_hf,
+    case,
+    cosine,
+    hf_forward,
+    hf_in_ms_names,
+    load_into,
+    ms_config,
+    ms_forward,
+    ms_inputs,
+    to_dtype,
+    to_numpy,
+)
 from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
 from migrate.models.llama import LlamaForCausalLM

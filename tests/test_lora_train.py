@@ -13,12 +13,11 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from family_fixtures import build_family_model, save_hf_model
-from hf_fixtures import build_hf_model
 from peft import PeftModel
-from train_setup import RUN, VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 from transformers import AutoModelForCausalLM
 
+from family_fixtures import build_family_model, save_hf_model
+from hf_fixtures import build_hf_model
 from migrate.align.adapters import attach_to_ms, load_adapter
 from migrate.cli import main
 from migrate.convert import convert
@@ -28,6 +27,7 @@ from migrate.lora.transfer import export_adapter
 from migrate.models.loading import load_model
 from migrate.train.hparams import hparams_report
 from migrate.train.trainer import train
+from train_setup import RUN, VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 golden = load_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

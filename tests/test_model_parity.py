@@ -9,9 +9,24 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from family_models import (FAMILIES, MODES, build_hf, case, compared_rows, cosine, hf_forward, hf_in_ms_names,
-                           load_into, ms_config, ms_forward, ms_inputs, outputs, to_dtype, to_numpy)
 
+from family_models import (
+    FAMILIES,
+    MODES,
+    build_hf,
+    case,
+    compared_rows,
+    cosine,
+    hf_forward,
+    hf_in_ms_names,
+    load_into,
+    ms_config,
+    ms_forward,
+    ms_inputs,
+    outputs,
+    to_dtype,
+    to_numpy,
+)
 from migrate.models.registry import build_model
 
 FORWARD = [(f.name, name, mode) for f in FAMILIES.values() for name in f.configs

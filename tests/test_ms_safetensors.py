@@ -8,11 +8,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from migrate.checkpoints.dtypes import bfloat16, canonical
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from migrate.checkpoints.dtypes import torch_to_numpy
+from migrate.checkpoints.dtypes import bfloat16, canonical, torch_to_numpy
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.errors import MigrateError
 

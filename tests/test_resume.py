@@ -10,13 +10,13 @@ import time
 
 import numpy as np
 import pytest
-from train_setup import REPO, RUN, load_cfg, make_run_dir, metrics
 
 from migrate.errors import MigrateError
 from migrate.export import export
 from migrate.models.loading import load_model
 from migrate.train.checkpoint.folder import LATEST, open_checkpoint
 from migrate.train.trainer import train
+from train_setup import REPO, RUN, load_cfg, make_run_dir, metrics
 
 RESUME_RUN = (RUN.replace("total_steps: 200", "total_steps: 24")
               .replace("warmup_steps: 20", "warmup_steps: 12")  # checkpoints 4 and 8 fall in the warmup

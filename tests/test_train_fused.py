@@ -3,15 +3,15 @@ the fused parameters pair with their HF sources for weight decay and `migrate hp
 and the curve follows the golden's. Other families are refused in one line."""
 import pytest
 import torch
-from family_fixtures import build_family_model, save_hf_model
-from train_setup import load_cfg, load_golden, make_run_dir, metrics, rel
 
+from family_fixtures import build_family_model, save_hf_model
 from migrate.cli import main
 from migrate.convert import convert
+from migrate.train.building import build_training
 from migrate.train.config import ScheduleConfig
 from migrate.train.hparams import hparams_report
-from migrate.train.building import build_training
 from migrate.train.trainer import train
+from train_setup import load_cfg, load_golden, make_run_dir, metrics, rel
 
 SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
 

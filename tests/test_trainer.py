@@ -11,15 +11,15 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
-from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.convert import convert
 from migrate.data.samples import load_samples, run_order
 from migrate.train.config import LossScaleConfig, ScheduleConfig
 from migrate.train.ms_data import micro_batches
 from migrate.train.precision import DynamicLossScaler, autocast_model
 from migrate.train.trainer import train
+from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 golden = load_golden()
 GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens", "time"}

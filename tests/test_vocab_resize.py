@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 from migrate.align.runner import run_diff
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
@@ -19,6 +18,7 @@ from migrate.parallel.layout import Layout, validate
 from migrate.train.config import ScheduleConfig
 from migrate.train.trainer import train
 from migrate.vocab.resize import resize_vocab
+from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 EMB, HEAD = "model.tok_embeddings.embedding_weight", "lm_head.weight"
 NEW = VOCAB + 16

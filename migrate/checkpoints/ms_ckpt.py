@@ -19,7 +19,7 @@ from __future__ import annotations
 import binascii
 import math
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class CkptWriter:
         self._open: _TensorStream | None = None
         self.bytes_written = 0
 
-    def open_tensor(self, name: str, dtype, shape) -> "_TensorStream":
+    def open_tensor(self, name: str, dtype, shape) -> _TensorStream:
         if self._file is None:
             raise MigrateError(f"{self.path}: write after close")
         if self._open is not None:

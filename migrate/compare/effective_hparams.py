@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from migrate.dtype_names import spelled
 from migrate.errors import MigrateError
 from migrate.judge import short
-from migrate.dtype_names import spelled
 
 FILE = "effective_hparams.json"
 REL = 1e-12

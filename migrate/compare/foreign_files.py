@@ -14,11 +14,11 @@ import json
 import math
 from pathlib import Path
 
-from migrate.errors import MigrateError
 from migrate.compare.foreign_run import Rows
 from migrate.compare.foreign_text import MEGATRON, MINDFORMERS
 from migrate.compare.log_formats import FP32_HALF_ULP, LogFormat, log_format, printed_resolution
 from migrate.compare.metrics_log import Run
+from migrate.errors import MigrateError
 
 __all__ = ["HF_TRAINER", "TENSORBOARD", "TB_DIALECTS", "read_hf_trainer_state", "read_tensorboard", "tensorboard_files"]
 

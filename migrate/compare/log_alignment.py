@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.errors import MigrateError
-from migrate.judge import fmt_figure
 from migrate.compare.foreign_files import TB_DIALECTS
 from migrate.compare.log_formats import LogFormat
-from migrate.compare.readers import FORMATS
 from migrate.compare.metrics_log import Run
+from migrate.compare.readers import FORMATS
 from migrate.compare.tolerances import Tolerances
+from migrate.errors import MigrateError
+from migrate.judge import fmt_figure
 
 __all__ = ["describe", "align_runs", "first_window", "mask_unlogged", "resolution_bounds", "torch_clip_golden",
            "format_of"]

@@ -3,7 +3,7 @@ failure white on red) and key / value tables."""
 from __future__ import annotations
 
 import html
-from typing import Iterable
+from collections.abc import Iterable
 
 from migrate.judge.table import FAIL, FIRST, Table
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.lora.spec import LoraSpec
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.transforms import get_layout
 
 PEFT_PREFIX = "base_model.model."

@@ -24,17 +24,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.data.samples import read_meta
 from migrate.errors import MigrateError
 from migrate.keymap import recorded_keymap, resolve
-from migrate.models.registry import load_model_config
-from migrate.safeyaml import load_yaml
 from migrate.mindformers import schedule as mf_schedule
-from migrate.train.config import RunConfig
-from migrate.train.hparams import HparamRow, HparamsReport, _set_row, format_report, golden_knobs
 from migrate.mindformers.fields import LLAMA_DEFAULTS
 from migrate.mindformers.model import model_section
+from migrate.models.conversion_plan import ConversionPlan
+from migrate.models.registry import load_model_config
+from migrate.safeyaml import load_yaml
+from migrate.train.config import RunConfig
+from migrate.train.hparams import HparamRow, HparamsReport, _set_row, format_report, golden_knobs
 
 SEMI = ("semi_auto_parallel", "auto_parallel")
 MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}

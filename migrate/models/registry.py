@@ -25,10 +25,11 @@ import importlib
 import math
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from migrate.errors import MigrateError
 from migrate.keymap import MODEL_CLASS_FIELD, bundled_targets

@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
+from migrate.lora.cells import adapter_parameters, attach_lora, lora_kernels
 from migrate.lora.record import adapter_record
 from migrate.lora.spec import LoraSpec
 from migrate.lora.targets import Site, base_fingerprint, hf_weights_of, initial_adapter, resolve_targets
-from migrate.lora.cells import adapter_parameters, attach_lora, lora_kernels
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.train.config import RunConfig
 from migrate.train.decay import hf_name_decays
 

@@ -34,7 +34,8 @@ norm sums rows first: MindSpore's CPU ReduceSum over a whole tensor runs on one 
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 from mindspore import Tensor, nn, ops
