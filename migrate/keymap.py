@@ -340,8 +340,10 @@ def _rule(key: str, spec: Any, sub) -> ParamRule:
     if not isinstance(spec, dict):
         raise ValueError(f"params row {quote(key)}: expected a name or a mapping, got {quote(spec)}")
     if "from" not in spec:
+        layout = _layout_spec(spec, key)
+        _check_arity(key, layout, 1, 1)
         return ParamRule((key,), (sub(spec["to"]),), spec.get("when"),
-                         sub(spec["tied_to"]) if spec.get("tied_to") else None, _layout_spec(spec, key))
+                         sub(spec["tied_to"]) if spec.get("tied_to") else None, layout)
     src = [spec["from"]] if isinstance(spec["from"], str) else list(spec["from"])
     dst = [spec["to"]] if isinstance(spec["to"], str) else list(spec["to"])
     layout = _layout_spec(spec, key)
@@ -349,7 +351,19 @@ def _rule(key: str, spec: Any, sub) -> ParamRule:
         raise ValueError(f"params row {quote(key)}: tied_to applies to renames only")
     if layout is None and (len(src), len(dst)) != (1, 1):
         raise ValueError(f"params row {quote(key)}: {len(src)} source(s) -> {len(dst)} target(s) needs a layout")
+    _check_arity(key, layout, len(src), len(dst))
     return ParamRule(tuple(sub(s) for s in src), tuple(sub(d) for d in dst), spec.get("when"), None, layout)
+
+
+def _check_arity(key: str, layout: str | None, sources: int, targets: int) -> None:
+    """A row names as many sources and targets as its layout takes and makes: a target beyond the
+    layout's outputs would be listed as filled and never written (and a source beyond its inputs never read)."""
+    if layout is None:
+        return
+    chain = get_layout(layout)
+    if (sources, targets) != (chain.n_in, chain.n_out):
+        raise ValueError(f"params row {quote(key)}: layout {layout} maps {chain.n_in} source(s) to "
+                         f"{chain.n_out} target(s); the row names {sources} -> {targets}")
 
 
 def _layout_spec(spec: dict, key: str) -> str | None:
