@@ -212,7 +212,7 @@ def _group_jobs(ckpt, group, out_dtype, kernel_copy: bool, fields: dict, written
     shapes = group.transform().out_shapes([ckpt.specs[s].shape for s in group.src], fields)
     return [stream.Job(written_name(dst), tuple(shape), src_dtype, dtype,
                        read_into=lambda start, buffer, k=k: fused.read_into(k, start, buffer), cast=cast)
-            for k, (dst, shape) in enumerate(zip(group.dst, shapes))]
+            for k, (dst, shape) in enumerate(zip(group.dst, shapes, strict=True))]
 
 
 class _FusedGroup:

@@ -93,7 +93,7 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
                 if len(parts) < len(groups[i].dst):
                     continue
                 del pending[i]
-                for hf_name, value in zip(groups[i].src, _unfuse(groups[i], parts, ms_fields)):
+                for hf_name, value in zip(groups[i].src, _unfuse(groups[i], parts, ms_fields), strict=True):
                     writer.write(hf_name, value)
                     count += 1
                     params += int(value.size)
@@ -138,7 +138,7 @@ def _hf_specs(model_specs, groups, member, fields) -> list[tuple]:
         if len({np.dtype(d) for d, _ in parts}) > 1:
             raise MigrateError(f"cannot split {', '.join(group.dst)}: their dtypes differ")
         shapes = group.transform().in_shapes([s for _, s in parts], fields)
-        specs += [(src, parts[0][0], s) for src, s in zip(group.src, shapes)]
+        specs += [(src, parts[0][0], s) for src, s in zip(group.src, shapes, strict=True)]
     return specs
 
 

@@ -62,7 +62,7 @@ def coverage(specs: dict, plan: ConversionPlan) -> Coverage:
             result.misshaped.append(f"{sources} {[list(x) for x in shapes]} ({g.layout}): {exc}")
             continue
         result.misshaped += [f"{sources} ({g.layout}) {list(shape)} vs model {d} {list(expected[d])}"
-                             for d, shape in zip(g.dst, produced) if tuple(shape) != tuple(expected[d])]
+                             for d, shape in zip(g.dst, produced, strict=True) if tuple(shape) != tuple(expected[d])]
     return result
 
 

@@ -318,7 +318,7 @@ def compose(*layouts: Layout) -> Layout:
     """Apply layouts in order (each one's outputs are the next one's inputs)."""
     if not layouts:
         raise MigrateError("compose needs at least one layout")
-    for a, b in zip(layouts, layouts[1:]):
+    for a, b in zip(layouts, layouts[1:], strict=False):
         if a.n_out != b.n_in:
             raise MigrateError(f"cannot chain {a.name} ({a.n_out} out) into {b.name} ({b.n_in} in)")
     if len(layouts) == 1:

@@ -21,7 +21,7 @@ N = 40
 def recs(n=N, scale=1.0):
     steps, loss, lr, grad = golden_curve(n)
     return [{"step": int(s), "loss": float(np.float32(l_ * scale)), "lr": float(r), "grad_norm": float(np.float32(g))}
-            for s, l_, r, g in zip(steps, loss, lr, grad)]
+            for s, l_, r, g in zip(steps, loss, lr, grad, strict=True)]
 
 
 def dense(tmp_path, rows, name="ms"):

@@ -266,5 +266,5 @@ def test_kernel_copy_and_its_fallback_write_the_same_bytes(tmp_path, monkeypatch
     monkeypatch.setattr(HFCheckpoint, "source", lambda self, name: None)  # every byte through the reader thread
     through_memory = convert(src, tmp_path / "memory", fmt=fmt, max_shard_size="30KB", hash_sources=False)
     assert len(kernel.files) > 1
-    for a, b, c in zip(kernel.files, fallback.files, through_memory.files):
+    for a, b, c in zip(kernel.files, fallback.files, through_memory.files, strict=True):
         assert a.read_bytes() == b.read_bytes() == c.read_bytes()

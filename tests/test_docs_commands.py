@@ -422,7 +422,7 @@ def test_design_layers_are_the_ones_test_architecture_enforces():
     shown = [{"migrate" if n == "migrate" else f"migrate.{n}" for n in re.findall(r"`([\w.]+)`", item)}
              for item in items]
     assert len(shown) == len(LAYERS), f"DESIGN lists {len(shown)} layers, the test {len(LAYERS)}"
-    for (name, prefixes), names in zip(LAYERS, shown):
+    for (name, prefixes), names in zip(LAYERS, shown, strict=True):
         assert names == set(prefixes), (f"layer {name}: DESIGN lists {sorted(names - set(prefixes))} too much, "
                                         f"misses {sorted(set(prefixes) - names)}")
 

@@ -200,9 +200,10 @@ def test_gemma_trains_like_the_golden(tmp_path):
     load_golden().train(cfg, tmp_path / "golden", log=lambda line: None)
     train(cfg, tmp_path / "ms_run", progress=False)
     g, m = metrics(tmp_path / "golden"), metrics(tmp_path / "ms_run")
-    print("\n[gemma train] loss rel per step " + ", ".join(f"{rel(a['loss'], b['loss']):.1e}" for a, b in zip(g, m)))
+    print("\n[gemma train] loss rel per step "
+          + ", ".join(f"{rel(a['loss'], b['loss']):.1e}" for a, b in zip(g, m, strict=True)))
     assert [r["step"] for r in m] == [1, 2, 3, 4]
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-6
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)) <= 1e-6
 
 
 # case -> (build_family_model name, keymap --src, layout, config overrides)

@@ -115,7 +115,7 @@ def test_sharded_model_computes_what_the_model_computes(fused, tied, mp):
         return [g.asnumpy() for g in fn(ms.Tensor(ids))[1]]
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    for a, b in zip(grads(ref), grads(model)):
+    for a, b in zip(grads(ref), grads(model), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 

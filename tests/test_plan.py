@@ -143,7 +143,7 @@ CALIBRATION = [
 def test_cpu_estimate_within_25_percent_of_measured_peak():
     with ThreadPoolExecutor(len(CALIBRATION)) as pool:
         measured = list(pool.map(lambda case: measure_peak_details(case[1], case[2], case[3]), CALIBRATION))
-    for (name, cfg, b, s), m in zip(CALIBRATION, measured):
+    for (name, cfg, b, s), m in zip(CALIBRATION, measured, strict=True):
         est = cpu_estimate(cfg, b, s)
         ratio = est.total / m["growth"]
         print(f"{name}: batch {b}×{s}, {m['params']:,} params: measured peak RSS growth {m['growth'] / MiB:.0f} MiB, "

@@ -48,7 +48,7 @@ def test_fused_training_follows_the_golden(run_dir):
     g, m = metrics(run_dir / "golden_fused"), metrics(run_dir / "ms_fused_run")
     assert [r["step"] for r in m] == [1, 2, 3, 4]
     assert rel(g[0]["loss"], m[0]["loss"]) <= 1e-6
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-5
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)) <= 1e-5
 
 
 def test_other_families_are_refused_in_one_line(tmp_path, capsys):

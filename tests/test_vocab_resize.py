@@ -69,7 +69,7 @@ def test_resized_model_trains_like_the_golden(run_dir):
     train(cfg, run_dir / "ms_run_r", progress=False)
     g, m = metrics(run_dir / "golden_r"), metrics(run_dir / "ms_run_r")
     assert [r["step"] for r in m] == [1, 2, 3]
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-5
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)) <= 1e-5
 
 
 def test_mean_init_and_padding_for_tensor_parallel(run_dir):

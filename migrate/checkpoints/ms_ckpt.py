@@ -399,7 +399,7 @@ def read_ckpt_specs(path) -> list[tuple[str, str, tuple[int, ...]]]:
             expected = math.prod(shape) * dtype.itemsize if dtype is not None else length
             specs.append((tag, ms_type, shape))
             sizes.append([length, expected])
-        for (name, _, _), (got, expected) in zip(specs, sizes):
+        for (name, _, _), (got, expected) in zip(specs, sizes, strict=True):
             if got != expected:
                 raise records.fail(f"tensor {name} has {got} of {expected} bytes")
     finally:

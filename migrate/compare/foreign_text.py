@@ -98,7 +98,7 @@ def read_megatron(path: Path, role: str) -> Run:
 
 def _log_interval(steps: list[int]) -> int | None:
     """Megatron's log_interval: the most common gap between logged iterations."""
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
     return max(set(gaps), key=gaps.count) if gaps else None
 
 

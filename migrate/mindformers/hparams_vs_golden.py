@@ -170,7 +170,7 @@ def _golden_floor(cfg: RunConfig) -> float | None:
 
 
 def _lr_row(golden: list[float], mf: list[float]) -> HparamRow:
-    for i, (g, m) in enumerate(zip(golden, mf)):
+    for i, (g, m) in enumerate(zip(golden, mf, strict=True)):
         if abs(g - m) > 1e-9 * max(abs(g), abs(m), 1e-300):
             return HparamRow("lr", g, m, False, f"first differs at optimizer step {i + 1}")
     return HparamRow("lr", f"{len(golden)} steps", f"{len(mf)} steps", True,
@@ -206,7 +206,8 @@ def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path) -> HparamsReport:
                       "no bias correction")]
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], _same(g[knob], m[knob]) if knob != "betas" else
-                              all(_same(a, b) for a, b in zip(g[knob], m[knob]))))
+                              len(g[knob]) == len(m[knob])
+                              and all(_same(a, b) for a, b in zip(g[knob], m[knob], strict=True))))
     config = load_model_config(cfg.require("ms_model"))
     config.qkv_concat = bool(m["model"].get("qkv_concat"))
     km = resolve(recorded_keymap(cfg.ms_model)).with_target("qkv_concat" if config.qkv_concat else None)

@@ -116,5 +116,5 @@ class ConversionPlan:
             arrays = [hf_arrays[s] for s in group.src]
             if group.layout is not None:
                 arrays = group.transform().forward(arrays, self.fields)
-            out.update(zip(group.dst, arrays))
+            out.update(zip(group.dst, arrays, strict=True))
         return out

@@ -384,7 +384,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise _Bad(key, f"must be a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise _Bad(key, f"must be a list, got {value!r}")

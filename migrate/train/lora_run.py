@@ -89,7 +89,7 @@ def lora_param_groups(model, run: LoraRun, cfg: RunConfig, decay_rule: str = "hf
     groups: list[dict] = [{"params": [], "weight_decay": cfg.optimizer.weight_decay},
                           {"params": [], "weight_decay": 0.0}]
     for _, kernel in lora_kernels(model):
-        for module, a, b in zip(kernel.hf_modules, kernel.lora_a, kernel.lora_b):
+        for module, a, b in zip(kernel.hf_modules, kernel.lora_a, kernel.lora_b, strict=True):
             for which, p in (("A", a), ("B", b)):
                 if decay_rule == "mindspore":
                     decays = "beta" not in p.name and "gamma" not in p.name

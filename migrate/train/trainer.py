@@ -338,7 +338,7 @@ class MindSporeRecipe:
     def _moment_shapes(self) -> dict:
         optimizer = self.training.optimizer
         return {p.name: tuple(q.shape) for p, q in zip((*optimizer.exp_avg, *optimizer.exp_avg_sq),
-                                                       (*optimizer.parameters, *optimizer.parameters))}
+                                                       (*optimizer.parameters, *optimizer.parameters), strict=True)}
 
     def _write_optimizer_shard(self, step: int) -> Path:
         optimizer, parallel = self.training.optimizer, self.parallel

@@ -183,7 +183,7 @@ class OptimizerStep:
 
     def replace_grads(self, values) -> None:
         """Write reduced (data-parallel) gradients back into the accumulators."""
-        for buffer, value in zip(self.grads, values):
+        for buffer, value in zip(self.grads, values, strict=True):
             buffer.set_data(value)
 
     def poison_first(self) -> None:
