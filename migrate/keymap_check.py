@@ -86,9 +86,9 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
     if ms_model:
         allow_model_class(ms_model)  # the user typed it: their own class is theirs to import
     plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model)
-    # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read.
-    plan.expected
-    plan.groups
+    # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read
+    # (building each property is the check; the first that fails raises).
+    _ = plan.expected, plan.groups
     ckpt = open_hf_checkpoint(hf_dir).add_prefix_if_absent(km.base_prefix)
     try:
         found = coverage(ckpt.specs, plan)

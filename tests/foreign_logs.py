@@ -77,7 +77,7 @@ def write_mindformers(recs: list[dict], path: Path, steps_per_epoch: int | None 
         if k % interval:
             continue
         epoch, step = (k - 1) // spe + 1, (k - 1) % spe + 1
-        loss = "loss: %5.3f, " % r["loss"] if sink else "loss:[%5.3f/%5.3f], " % (r["loss"], np.mean(seen))
+        loss = f"loss: {r['loss']:5.3f}, " if sink else f"loss:[{r['loss']:5.3f}/{np.mean(seen):5.3f}], "
         lr = str(np.array(r["lr"], dtype=np.float32))
         norm = str(np.array(r["grad_norm"], dtype=np.float32))
         scale = str(np.array(r.get("loss_scale") or 1.0, dtype=np.float32))
@@ -90,8 +90,8 @@ def write_mindformers(recs: list[dict], path: Path, steps_per_epoch: int | None 
             out.append(_MF_PREFIX + ("{ Epoch:[%3d/%3d], step:[%5d/%5d], " + loss + "per_step_time: %dms, "
                                      "overflow cond: %s, loss_scale: %s, global_norm: %s%s")
                        % (epoch, epochs, step, spe, 123, overflow, scale, norm, ""))
-        out.append(_MF_PREFIX + "  %4.1f%% %s %.5f samples/s/p  %s }" % (100 * k / n, "|" + "█" * 5 + " " * 45 + "|",
-                                                                           12.3, "0:00:01"))
+        bar = "|" + "█" * 5 + " " * 45 + "|"
+        out.append(_MF_PREFIX + f"  {100 * k / n:4.1f}% {bar} {12.3:.5f} samples/s/p  0:00:01 }}")
     path.write_text("\n".join(out) + "\n")
     return path
 

@@ -100,7 +100,8 @@ def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: 
     for s in sides:
         if s.side:
             side = s.side
-            noise, s.reference = twin_recording(side, inputs, lambda m: call_model(replace(side, model=m), inputs),
+            noise, s.reference = twin_recording(side, inputs,
+                                                lambda m, side=side: call_model(replace(side, model=m), inputs),
                                                 reference)
             s.recording = MemoryRecording(statistics, None if inputs.mask is None else inputs.valid, noise=noise)
             with hooks(s.side.model, s.recording):

@@ -64,8 +64,8 @@ def step_record(step: int, loss: float, lr: float, grad_norm: float, grad_norm_c
     mfu field; extra: dicts appended in order."""
     tokens_per_s = step_tokens / max(step_seconds, 1e-9)
     record = {STEP: step, LOSS: finite(float(loss)), LR: lr, GRAD_NORM: finite(float(grad_norm)),
-              GRAD_NORM_CLIPPED: finite(float(grad_norm_clipped)), TOKENS: tokens, TIME: round(run_seconds, TIME_DECIMALS),
-              TOKENS_PER_S: round(tokens_per_s, 3)}
+              GRAD_NORM_CLIPPED: finite(float(grad_norm_clipped)), TOKENS: tokens,
+              TIME: round(run_seconds, TIME_DECIMALS), TOKENS_PER_S: round(tokens_per_s, 3)}
     if flops_per_token is not None:
         record[MFU] = finite(flops_per_token * tokens_per_s / peak_flops)
     if loss_scale is not None:
