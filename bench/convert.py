@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                            runs={"seconds": [r.seconds for r in ours_runs],
                                  "hashed_seconds": hash_child.detail["runs"]["hashed_seconds"]})
         ours.peak_rss = max(max(r.peak_rss for r in ours_runs), hash_child.peak_rss)
-        ratios = [o.seconds / c[0] for o, c in zip(ours_runs, cps)]
+        ratios = [o.seconds / c[0] for o, c in zip(ours_runs, cps, strict=True)]
         whole = None
         if not args.no_baseline:
             whole = harness.measure("whole", src, out, args.format)

@@ -118,6 +118,11 @@ def main(argv=None) -> int:
     print(f"model: Llama {params / 1e6:.0f} M parameters (hidden 768, 12 layers, GQA 12/4 heads, vocab 32000) · "
           f"fp32 · prompt {args.prompt_len} tokens · {steps} new tokens greedy · {os.cpu_count()} CPU cores")
     rows = []
+
+    def decode(runner, batch, default):
+        """`timed`'s run(n): n greedy steps of `runner` (`default` when n is None), bound now, not at call."""
+        return lambda n: generate(runner, batch, n or default, greedy)
+
     for b in args.batch:
         prompts = np.random.default_rng(b).integers(3, CONFIG["vocab_size"], (b, args.prompt_len)).tolist()
         batch = make_batch(prompts, 0, CONFIG["vocab_size"])
@@ -127,23 +132,21 @@ def main(argv=None) -> int:
         ms.set_context(mode=ms.GRAPH_MODE)
         model, _ = load_model(ms_dir)
         cached = CachedRunner(model, b, args.prompt_len, cache_len)
-        results.append(timed("ours, KV cache (GRAPH_MODE)", lambda n: generate(cached, batch, n or steps, greedy)))
+        results.append(timed("ours, KV cache (GRAPH_MODE)", decode(cached, batch, steps)))
 
         m = min(steps, args.uncached_steps)
         full = UncachedRunner(model, b, args.prompt_len, cache_len)  # GRAPH_MODE: the padded length each step
-        results.append(timed(f"ours, no cache (GRAPH_MODE), {m} steps",
-                             lambda n: generate(full, batch, n or m, greedy)))
+        results.append(timed(f"ours, no cache (GRAPH_MODE), {m} steps", decode(full, batch, m)))
         ms.set_context(mode=ms.PYNATIVE_MODE)
         growing = UncachedRunner(model, b, args.prompt_len, cache_len)
-        results.append(timed(f"ours, no cache (PyNative), first {m} steps",
-                             lambda n: generate(growing, batch, n or m, greedy), warm=False))
+        results.append(timed(f"ours, no cache (PyNative), first {m} steps", decode(growing, batch, m), warm=False))
 
         results.append(timed("HF generate (its cache)", hf_path(hf_dir, batch, steps)))
 
         out = root / f"mindir_b{b}"
         export_mindir(ms_dir, out, batch=b, prefill_len=args.prompt_len, cache_len=cache_len, overwrite=True)
         graphs = MindIRRunner(out)
-        results.append(timed("MindIR (GraphCell)", lambda n: generate(graphs, batch, n or steps, greedy)))
+        results.append(timed("MindIR (GraphCell)", decode(graphs, batch, steps)))
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
         ref = results[0][1].tokens

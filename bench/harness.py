@@ -83,9 +83,9 @@ def _nbytes(tensors, itemsize=2) -> int:
 
 def make_llama(folder: Path, size: int, shard_size: int = GiB, seed: int = 0) -> dict:
     """Write a synthetic bf16 HF Llama of about `size` bytes; return facts about it."""
+    from migrate.checkpoints.dtypes import bfloat16
     from migrate.checkpoints.ms_safetensors import SafetensorsWriter
     from migrate.checkpoints.sharding import plan_shards
-    from migrate.checkpoints.dtypes import bfloat16
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

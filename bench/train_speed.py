@@ -67,7 +67,7 @@ def prepare_big(root: Path, demo: Path) -> Path:
 # ---------- one measurement, in its own process ----------
 def _steady(records: list[dict]) -> list[float]:
     times = [r["time"] for r in records]
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 def child(kind: str, config: Path, dtype: str, steps: int, out: Path) -> dict:
@@ -244,9 +244,10 @@ def main(argv=None) -> int:
                     if kind == "floor":
                         floor_step.append(statistics.median(r["step_s"]))
             prof = {k: run_child(f"{k}_profile", config, dtype, steps, work) for k in ("golden", "ms")}
-            ratio = [m / g for m, g in zip(tps["ms"], tps["golden"])]
-            floor_ratio = [f / g for f, g in zip(tps["floor"], tps["golden"])]
-            overhead = [f / m for f, m in zip(tps["floor"], tps["ms"])]  # trainer step time / floor step time
+            ratio = [m / g for m, g in zip(tps["ms"], tps["golden"], strict=True)]
+            floor_ratio = [f / g for f, g in zip(tps["floor"], tps["golden"], strict=True)]
+            # trainer step time / floor step time
+            overhead = [f / m for f, m in zip(tps["floor"], tps["ms"], strict=True)]
             print(f"\n== {size}: {mc.num_layers} layers × hidden {mc.hidden_size}, "
                   f"{fpt / 1e9:.2f} GFLOP/token (≈{fpt / 6 / 1e6:.0f} M params by 6N + attention) · micro batch "
                   f"{cfg.micro_batch_size} × accum {cfg.grad_accum_steps} × seq {cfg.seq_length} · {dtype} · "

@@ -60,13 +60,13 @@ from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
 from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
 from migrate.models.registry import family_of, load_model_config, trust_from_env  # noqa: E402
-from migrate.train.config import RunConfig  # noqa: E402
-from migrate.train.decay import hf_decay_names  # noqa: E402
 from migrate.run_protocol.cadence import checkpoint_due, eval_due  # noqa: E402
 from migrate.run_protocol.inputs import check_vocab, eval_rows  # noqa: E402
 from migrate.run_protocol.record import finite as _finite  # noqa: E402
 from migrate.run_protocol.record import step_record  # noqa: E402
 from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak, peak_basis  # noqa: E402
+from migrate.train.config import RunConfig  # noqa: E402
+from migrate.train.decay import hf_decay_names  # noqa: E402
 from migrate.train.health.watch import HealthWatch, StepFacts  # noqa: E402
 from migrate.train.run_log import RunLog  # noqa: E402
 from migrate.train.step.faults import parse_step_faults  # noqa: E402
@@ -398,12 +398,13 @@ def fp64_reference(model, batches: list, cfg: RunConfig, params: list, scaler=No
             losses64.append(tokens64.mean().item())
             token_err.append((tokens.double() - tokens64.detach()).view(targets.shape))  # e_t, one row a sequence
             del logits64, tokens64
-        twin_of = {id(p): q for p, q in zip(model.parameters(), twin.parameters())}
+        twin_of = {id(p): q for p, q in zip(model.parameters(), twin.parameters(), strict=True)}
         pairs = [(p, twin_of[id(p)]) for p in params if p.grad is not None]
         grads = [p.grad if scale is None else p.grad * torch.tensor(1.0 / scale, dtype=torch.float32)
                  for p, _ in pairs]  # GradScaler.unscale_ multiplies by the fp32 inverse scale
         grad_norm = float(torch.nn.utils.get_total_norm(grads))  # as clip_grad_norm_ measures it
-        squares = [(float(g.double().pow(2).sum()), float(q.grad.pow(2).sum())) for g, (_, q) in zip(grads, pairs)]
+        squares = [(float(g.double().pow(2).sum()), float(q.grad.pow(2).sum()))
+                   for g, (_, q) in zip(grads, pairs, strict=True)]
         del twin, grads, pairs
     for p in model.parameters():
         p.grad = None
@@ -498,7 +499,7 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
             if not skipped:
                 scheduler.step()
             else:
-                for g, scheduled_lr in zip(optimizer.param_groups, scheduled):
+                for g, scheduled_lr in zip(optimizer.param_groups, scheduled, strict=True):
                     g["lr"] = scheduled_lr  # an injected lr factor must not outlive its step
             optimizer.zero_grad(set_to_none=True)
             now = time.perf_counter()

@@ -16,9 +16,9 @@ import sys
 
 from migrate import __version__
 from migrate.cli_verbs import add_verbs, arguments, trust_argument, verb
+from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 from migrate.keymap import available
-from migrate.dtype_names import NAMES
 
 
 @verb("convert", "HF checkpoint folder -> MindSpore checkpoint folder")
@@ -215,8 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Importing a module declares its verbs, listed in `migrate --help` after this module's, in this
     # order (each is light: its handlers import their library when they run). A new cli_* module
     # adds itself here; a new verb in one of them needs nothing else.
-    from migrate import (cli_train, cli_mindformers, cli_lora, cli_infer, cli_probe, cli_vocab,  # noqa: F401
-                         cli_report, cli_health)
+    from migrate import cli_health, cli_infer, cli_lora, cli_mindformers, cli_probe, cli_report, cli_train, cli_vocab  # noqa: F401
 
     parser = argparse.ArgumentParser(prog="migrate", description="PyTorch/HF to MindSpore migration for LLMs")
     parser.add_argument("--version", action="version", version=f"migrate {__version__}")

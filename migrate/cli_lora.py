@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from migrate.cli_verbs import arguments, group, trust_argument, verb
 
-
 group("lora", "LoRA adapters: PEFT <-> MindSpore, merge into the base", dest="lora_command")
 
 

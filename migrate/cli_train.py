@@ -8,7 +8,6 @@ from __future__ import annotations
 from migrate.cli_verbs import arguments, group, trust_argument, verb
 from migrate.errors import MigrateError
 
-
 group("data", "prepare training data", dest="data_command")
 
 
@@ -118,8 +117,8 @@ def _keymap_check_arguments(p) -> None:
 
 @verb("train", "continue pretraining the converted model on MindSpore")
 def _cmd_train(args) -> int:
-    from migrate.train.launch.cluster import Cluster
     from migrate.train.config import RunConfig
+    from migrate.train.launch.cluster import Cluster
     from migrate.train.run import run_training
     from migrate.ui import console
 
@@ -223,8 +222,8 @@ def parse_size(text: str) -> int:
 @verb("plan", "per-device memory estimate and a ranked list of parallel layouts that fit")
 def _cmd_plan(args) -> int:
     from migrate.hf_model_config import hf_folder, model_config_from_hf
-    from migrate.models.config import LlamaConfig
     from migrate.memory_plan import plan, print_plan
+    from migrate.models.config import LlamaConfig
     from migrate.ui import console
 
     # an HF folder (or its config.json): the config convert would write, no weights read

@@ -11,8 +11,8 @@ Adding a verb is one declaration in one of the `cli*` modules (docs/DESIGN.md "R
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["Verb", "VERBS", "verb", "arguments", "group", "add_verbs", "trust_argument"]
 

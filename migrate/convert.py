@@ -19,9 +19,9 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -34,14 +34,20 @@ from migrate.checkpoints.ms_ckpt import CRC_TRAILER, CkptWriter, record_bytes
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.sharding import (
-    DEFAULT_MAX_SHARD, PROTOBUF_LIMIT, ShardedWriter, human, index_name, parse_size, plan_shards,
+    DEFAULT_MAX_SHARD,
+    PROTOBUF_LIMIT,
+    ShardedWriter,
+    human,
+    index_name,
+    parse_size,
+    plan_shards,
 )
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import resolve
 from migrate.keymap_check import coverage
 from migrate.models.config import ConfigIO
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.sidecar import copy_sidecars, sidecars
 
 FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-file names
@@ -206,7 +212,7 @@ def _group_jobs(ckpt, group, out_dtype, kernel_copy: bool, fields: dict, written
     shapes = group.transform().out_shapes([ckpt.specs[s].shape for s in group.src], fields)
     return [stream.Job(written_name(dst), tuple(shape), src_dtype, dtype,
                        read_into=lambda start, buffer, k=k: fused.read_into(k, start, buffer), cast=cast)
-            for k, (dst, shape) in enumerate(zip(group.dst, shapes))]
+            for k, (dst, shape) in enumerate(zip(group.dst, shapes, strict=True))]
 
 
 class _FusedGroup:

@@ -48,9 +48,9 @@ def prove(name: str, seed: int) -> dict:
     import mindspore as ms
     import torch
 
+    from migrate.checkpoints.hf_reader import open_hf_checkpoint
     from migrate.convert import convert
     from migrate.export import export
-    from migrate.checkpoints.hf_reader import open_hf_checkpoint
     from migrate.models.loading import load_model
 
     root = DEMO_DIR / name

@@ -18,10 +18,10 @@ from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.training_state import split_training_state
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import write_hf_config
 from migrate.keymap import MODEL_CLASS_FIELD, TARGET_FIELD, recorded_keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import load_model_config
 from migrate.sidecar import copy_sidecars
 
@@ -93,7 +93,7 @@ def export(ms_dir: str | Path, out_dir: str | Path, keymap: str | None = None, o
                 if len(parts) < len(groups[i].dst):
                     continue
                 del pending[i]
-                for hf_name, value in zip(groups[i].src, _unfuse(groups[i], parts, ms_fields)):
+                for hf_name, value in zip(groups[i].src, _unfuse(groups[i], parts, ms_fields), strict=True):
                     writer.write(hf_name, value)
                     count += 1
                     params += int(value.size)
@@ -138,7 +138,7 @@ def _hf_specs(model_specs, groups, member, fields) -> list[tuple]:
         if len({np.dtype(d) for d, _ in parts}) > 1:
             raise MigrateError(f"cannot split {', '.join(group.dst)}: their dtypes differ")
         shapes = group.transform().in_shapes([s for _, s in parts], fields)
-        specs += [(src, parts[0][0], s) for src, s in zip(group.src, shapes)]
+        specs += [(src, parts[0][0], s) for src, s in zip(group.src, shapes, strict=True)]
     return specs
 
 

@@ -14,7 +14,6 @@ from migrate.errors import MigrateError
 from migrate.safeyaml import clip, quote
 
 
-
 def read_raw_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import Keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 
 __all__ = ["hf_folder", "model_config_from_hf"]
 

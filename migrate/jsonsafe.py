@@ -3,7 +3,8 @@ arrays become Python values, non-finite floats the strings "nan", "inf", "-inf".
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

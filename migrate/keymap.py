@@ -111,7 +111,7 @@ class Keymap:
 
     # ---------- loading ----------
     @classmethod
-    def load(cls, name_or_path: str) -> "Keymap":
+    def load(cls, name_or_path: str) -> Keymap:
         path = Path(name_or_path)
         if path.suffix not in (".yaml", ".yml"):
             path = keymap_dir() / f"{name_or_path}.yaml"
@@ -126,7 +126,7 @@ class Keymap:
 
     @classmethod
     def _from_data(cls, data: dict, path: Path, variant: str | None = None,
-                   target_name: str | None = None, applied: dict | None = None) -> "Keymap":
+                   target_name: str | None = None, applied: dict | None = None) -> Keymap:
         """`data`: the keymap as read; `applied`: it with a variant and/or target merged in."""
         view = data if applied is None else applied
         names = dict(view.get("vars") or {})
@@ -178,7 +178,7 @@ class Keymap:
     def targets(self) -> dict[str, dict]:
         return {k: v for k, v in (self.data.get("targets") or {}).items() if v is not None}
 
-    def _apply(self, variant: str | None, target: str | None) -> "Keymap":
+    def _apply(self, variant: str | None, target: str | None) -> Keymap:
         view = copy.deepcopy({k: v for k, v in self.data.items() if k not in ("variants", "targets")})
         if variant is not None:
             view = _merge(view, self.variants()[variant])
@@ -203,7 +203,7 @@ class Keymap:
             target = targets[target].get("extends")
         return chain
 
-    def for_source(self, hf_config: dict) -> "Keymap":
+    def for_source(self, hf_config: dict) -> Keymap:
         """The variant for the HF checkpoint's architecture (the base keymap when it names none)."""
         archs = hf_config.get("architectures") or []
         for arch in archs:
@@ -215,7 +215,7 @@ class Keymap:
                                f"this checkpoint is {', '.join(archs)}")
         return self
 
-    def for_model_class(self, model_class: str | None) -> "Keymap":
+    def for_model_class(self, model_class: str | None) -> Keymap:
         """The variant whose target is `model_class` (a converted folder's model.yaml)."""
         if not model_class or model_class == self.target:
             return self
@@ -224,13 +224,13 @@ class Keymap:
                 return self._apply(arch, self.target_name)
         return self
 
-    def with_target(self, target: str | None) -> "Keymap":
+    def with_target(self, target: str | None) -> Keymap:
         """The keymap with entry `target` of `targets` applied (None: unchanged)."""
         if target is None or target == self.target_name:
             return self
         return self._apply(self.variant, target)
 
-    def for_model(self, ms_config: dict) -> "Keymap":
+    def for_model(self, ms_config: dict) -> Keymap:
         """The variant and target a converted folder's model.yaml names."""
         return self.for_model_class(ms_config.get(MODEL_CLASS_FIELD)).with_target(ms_config.get(TARGET_FIELD))
 
@@ -340,8 +340,10 @@ def _rule(key: str, spec: Any, sub) -> ParamRule:
     if not isinstance(spec, dict):
         raise ValueError(f"params row {quote(key)}: expected a name or a mapping, got {quote(spec)}")
     if "from" not in spec:
+        layout = _layout_spec(spec, key)
+        _check_arity(key, layout, 1, 1)
         return ParamRule((key,), (sub(spec["to"]),), spec.get("when"),
-                         sub(spec["tied_to"]) if spec.get("tied_to") else None, _layout_spec(spec, key))
+                         sub(spec["tied_to"]) if spec.get("tied_to") else None, layout)
     src = [spec["from"]] if isinstance(spec["from"], str) else list(spec["from"])
     dst = [spec["to"]] if isinstance(spec["to"], str) else list(spec["to"])
     layout = _layout_spec(spec, key)
@@ -349,7 +351,19 @@ def _rule(key: str, spec: Any, sub) -> ParamRule:
         raise ValueError(f"params row {quote(key)}: tied_to applies to renames only")
     if layout is None and (len(src), len(dst)) != (1, 1):
         raise ValueError(f"params row {quote(key)}: {len(src)} source(s) -> {len(dst)} target(s) needs a layout")
+    _check_arity(key, layout, len(src), len(dst))
     return ParamRule(tuple(sub(s) for s in src), tuple(sub(d) for d in dst), spec.get("when"), None, layout)
+
+
+def _check_arity(key: str, layout: str | None, sources: int, targets: int) -> None:
+    """A row names as many sources and targets as its layout takes and makes: a target beyond the
+    layout's outputs would be listed as filled and never written (and a source beyond its inputs never read)."""
+    if layout is None:
+        return
+    chain = get_layout(layout)
+    if (sources, targets) != (chain.n_in, chain.n_out):
+        raise ValueError(f"params row {quote(key)}: layout {layout} maps {chain.n_in} source(s) to "
+                         f"{chain.n_out} target(s); the row names {sources} -> {targets}")
 
 
 def _layout_spec(spec: dict, key: str) -> str | None:

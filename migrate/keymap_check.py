@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import Keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 
 
 @dataclass
@@ -61,7 +61,7 @@ def coverage(specs: dict, plan: ConversionPlan) -> Coverage:
             result.misshaped.append(f"{sources} {[list(x) for x in shapes]} ({g.layout}): {exc}")
             continue
         result.misshaped += [f"{sources} ({g.layout}) {list(shape)} vs model {d} {list(expected[d])}"
-                             for d, shape in zip(g.dst, produced) if tuple(shape) != tuple(expected[d])]
+                             for d, shape in zip(g.dst, produced, strict=True) if tuple(shape) != tuple(expected[d])]
     return result
 
 
@@ -86,9 +86,9 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
     # A class the user typed (ms_model) is theirs to import: trusted for this check, nothing kept after it.
     plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model,
                                      trust=trust or bool(ms_model))
-    # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read.
-    plan.expected
-    plan.groups
+    # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read
+    # (building each property is the check; the first that fails raises).
+    _ = plan.expected, plan.groups
     ckpt = open_hf_checkpoint(hf_dir).add_prefix_if_absent(km.base_prefix)
     try:
         found = coverage(ckpt.specs, plan)

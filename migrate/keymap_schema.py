@@ -8,7 +8,8 @@ the known ones must have their documented shape.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from migrate.safeyaml import quote
 

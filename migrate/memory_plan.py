@@ -33,13 +33,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
+from migrate.dtype_names import PRECISIONS, SPELLINGS
 from migrate.errors import MigrateError
 from migrate.models.registry import family_of
 from migrate.parallel.layout import Layout, kv_replicated, validate
-from migrate.dtype_names import PRECISIONS, SPELLINGS
 
 KiB, MiB, GiB = 2 ** 10, 2 ** 20, 2 ** 30
 DTYPE_BYTES = {spelling: PRECISIONS[name].bytes for spelling, name in SPELLINGS.items()}

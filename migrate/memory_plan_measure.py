@@ -61,8 +61,8 @@ class _Sampler(threading.Thread):
 def main(argv: list[str]) -> dict:
     args = json.loads(argv[0])
     os.environ.setdefault("GLOG_v", "3")
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore.experimental.optim import AdamW
 
     from migrate.models.config import LlamaConfig

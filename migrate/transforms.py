@@ -36,8 +36,9 @@ mindformers/utils/convert_utils.py qkv_concat_hf2mg / ffn_concat_hf2mg):
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -306,7 +307,7 @@ class Layout:
         shapes = [tuple(int(d) for d in s) for s in self._check_count(out_shapes, self.n_out, "in_shapes")]
         return self._in_shapes(shapes, cfg)
 
-    def inverted(self, name: str | None = None, description: str | None = None) -> "Layout":
+    def inverted(self, name: str | None = None, description: str | None = None) -> Layout:
         """The same map read backwards (forward <-> inverse)."""
         return Layout(name or f"inverse({self.name})", self.n_out, self.n_in,
                       description or f"inverse of {self.name}",
@@ -317,7 +318,7 @@ def compose(*layouts: Layout) -> Layout:
     """Apply layouts in order (each one's outputs are the next one's inputs)."""
     if not layouts:
         raise MigrateError("compose needs at least one layout")
-    for a, b in zip(layouts, layouts[1:]):
+    for a, b in zip(layouts, layouts[1:], strict=False):
         if a.n_out != b.n_in:
             raise MigrateError(f"cannot chain {a.name} ({a.n_out} out) into {b.name} ({b.n_in} in)")
     if len(layouts) == 1:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+
 from hf_fixtures import save_hf_model
 
 SMALL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

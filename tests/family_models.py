@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mindspore as ms
 import numpy as np
 import torch
 import transformers
-from hf_fixtures import randomise_norms_and_biases
 
-from migrate.models.conversion_plan import ConversionPlan
+from hf_fixtures import randomise_norms_and_biases
 from migrate.keymap import Keymap
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import build_model
 
 BATCH, SEQ = 2, 16
@@ -296,7 +296,7 @@ def load_into(ms_model, hf_model, family: Family, cfg) -> dict[str, tuple[str, .
     return plan.sources
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def case(family_name: str, name: str):
     """(HF model, MindSpore model, inputs, HF outputs by name), built once per config."""
     family = FAMILIES[family_name]

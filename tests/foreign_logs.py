@@ -45,16 +45,16 @@ def write_megatron(recs: list[dict], path: Path, next_lr: list[float], interval:
     for last, window in lines:
         i = last["step"]
         line = " [2026-12-01 18:00:00.000000]"
-        line += " iteration {:8d}/{:8d} |".format(i, total)
-        line += " consumed samples: {:12d} |".format(i * 8)
-        line += " elapsed time per iteration (ms): {:.1f} |".format(123.4)
+        line += f" iteration {i:8d}/{total:8d} |"
+        line += f" consumed samples: {i * 8:12d} |"
+        line += f" elapsed time per iteration (ms): {123.4:.1f} |"
         line += " learning rate: " + lr_format.format(next_lr[i]) + " |"
-        line += " global batch size: {:5d} |".format(8)
-        line += " lm loss: {:.6E} |".format(_mean_loss(window))
+        line += f" global batch size: {8:5d} |"
+        line += f" lm loss: {_mean_loss(window):.6E} |"
         line += " loss scale: {:.1f} |".format(last.get("loss_scale") or 1.0)
         line += " grad norm: {:.3f} |".format(last["grad_norm"])
         line += " number of skipped iterations: {:3d} |".format(sum(bool(r.get("skipped")) for r in window))
-        line += " number of nan iterations: {:3d} |".format(0)
+        line += f" number of nan iterations: {0:3d} |"
         out.append(line)
         if i == interval:
             out.append("[Rank 0] (after 1 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0")
@@ -77,7 +77,7 @@ def write_mindformers(recs: list[dict], path: Path, steps_per_epoch: int | None 
         if k % interval:
             continue
         epoch, step = (k - 1) // spe + 1, (k - 1) % spe + 1
-        loss = "loss: %5.3f, " % r["loss"] if sink else "loss:[%5.3f/%5.3f], " % (r["loss"], np.mean(seen))
+        loss = f"loss: {r['loss']:5.3f}, " if sink else f"loss:[{r['loss']:5.3f}/{np.mean(seen):5.3f}], "
         lr = str(np.array(r["lr"], dtype=np.float32))
         norm = str(np.array(r["grad_norm"], dtype=np.float32))
         scale = str(np.array(r.get("loss_scale") or 1.0, dtype=np.float32))
@@ -90,8 +90,8 @@ def write_mindformers(recs: list[dict], path: Path, steps_per_epoch: int | None 
             out.append(_MF_PREFIX + ("{ Epoch:[%3d/%3d], step:[%5d/%5d], " + loss + "per_step_time: %dms, "
                                      "overflow cond: %s, loss_scale: %s, global_norm: %s%s")
                        % (epoch, epochs, step, spe, 123, overflow, scale, norm, ""))
-        out.append(_MF_PREFIX + "  %4.1f%% %s %.5f samples/s/p  %s }" % (100 * k / n, "|" + "█" * 5 + " " * 45 + "|",
-                                                                           12.3, "0:00:01"))
+        bar = "|" + "█" * 5 + " " * 45 + "|"
+        out.append(_MF_PREFIX + f"  {100 * k / n:4.1f}% {bar} {12.3:.5f} samples/s/p  0:00:01 }}")
     path.write_text("\n".join(out) + "\n")
     return path
 

@@ -9,9 +9,8 @@ import json
 from pathlib import Path
 
 from hf_fixtures import build_hf_model, save_hf_model
-from train_setup import RUN as TRAIN_RUN
-
 from migrate.convert import convert
+from train_setup import RUN as TRAIN_RUN
 
 # train_setup's run.yaml, with a seed and no shuffling (MindFormers' dataset order) and betas of its own.
 RUN = (TRAIN_RUN.replace("total_steps: 200", "total_steps: 40").replace("data_seed: 5", "seed: 3\nshuffle: false")

@@ -68,12 +68,12 @@ def prepare(out: Path) -> None:
     import torch
     from transformers import get_scheduler
 
-    from migrate.models.conversion_plan import ConversionPlan
     from migrate.keymap import resolve
+    from migrate.mindformers.training import lr_section
     from migrate.models.config import LlamaConfig
+    from migrate.models.conversion_plan import ConversionPlan
     from migrate.train.config import RunConfig
     from migrate.train.decay import ms_decay_names
-    from migrate.mindformers.training import lr_section
 
     out.mkdir(parents=True, exist_ok=True)
     migrate = str(Path(sys.executable).with_name("migrate"))
@@ -246,10 +246,11 @@ def _check_adamw_and_clip(report: dict) -> bool:
         clipped, _ = clip(tuple(ms.Tensor(x) for x in g))
         tg = [torch.from_numpy(x.copy()) for x in g]
         ps = [torch.nn.Parameter(torch.zeros_like(x)) for x in tg]
-        for q, x in zip(ps, tg):
+        for q, x in zip(ps, tg, strict=True):
             q.grad = x
         torch.nn.utils.clip_grad_norm_(ps, 1.0)
-        rows[f"x{scale:g}"] = max(float(np.abs(c.asnumpy() / q.grad.numpy() - 1).max()) for c, q in zip(clipped, ps))
+        rows[f"x{scale:g}"] = max(float(np.abs(c.asnumpy() / q.grad.numpy() - 1).max())
+                                  for c, q in zip(clipped, ps, strict=True))
     report["adamw_vs_torch_max_abs_after_6_steps"] = adam
     report["clip_rel_diff_vs_torch"] = rows  # below max: the documented 1e-6 / max_norm factor
     return adam < 1e-6 and rows["x10"] < 1e-6 and abs(rows["x0.1"] - 1e-6) < 1e-7
@@ -327,9 +328,11 @@ def _check_training(entry: dict, out: Path, report: dict) -> bool:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     mf = json.loads(log.read_text())
     golden = [json.loads(line) for line in Path(entry["golden"]).read_text().splitlines()]
-    rel = [abs(m["loss"] - g["loss"]) / g["loss"] for g, m in zip(golden, mf)]
-    lr = [abs(m["lr"] - g["lr"]) / max(g["lr"], 1e-30) if g["lr"] else abs(m["lr"]) for g, m in zip(golden, mf)]
-    norm = [abs(m["grad_norm"] - g["grad_norm"]) / g["grad_norm"] for g, m in zip(golden, mf)]
+    # strict=False: `ok` checks both lengths against TRAIN_STEPS, so a short run is reported, not raised
+    rel = [abs(m["loss"] - g["loss"]) / g["loss"] for g, m in zip(golden, mf, strict=False)]
+    lr = [abs(m["lr"] - g["lr"]) / max(g["lr"], 1e-30) if g["lr"] else abs(m["lr"])
+          for g, m in zip(golden, mf, strict=False)]
+    norm = [abs(m["grad_norm"] - g["grad_norm"]) / g["grad_norm"] for g, m in zip(golden, mf, strict=False)]
     ok = len(mf) == len(golden) == TRAIN_STEPS and rel[0] <= 1e-6 and max(rel) <= 1e-5 and max(lr) <= 1e-6
     report.update(steps=len(mf), first_loss_rel=rel[0], max_loss_rel=max(rel), max_lr_rel=max(lr),
                   max_grad_norm_rel=max(norm), ok=ok)

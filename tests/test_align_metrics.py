@@ -4,13 +4,13 @@ import math
 import numpy as np
 import pytest
 
+from migrate.dtype_names import canonical_dtype
+from migrate.errors import MigrateError
+from migrate.judge import fmt_cosine
 from migrate.judge import metrics as M
 from migrate.judge.checks import judge
 from migrate.judge.metrics import generation_metrics, logits_metrics, tensor_metrics
 from migrate.judge.thresholds import Bounds, Thresholds
-from migrate.errors import MigrateError
-from migrate.judge import fmt_cosine
-from migrate.dtype_names import canonical_dtype
 
 
 def rng(seed=0):

@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from migrate.checkpoints import atomic as _atomic
+from migrate.errors import MigrateError
 from migrate.judge.report import (
     REPORT_FILES,
     SCHEMA_VERSION,
@@ -22,7 +23,6 @@ from migrate.judge.report import (
     write_report,
 )
 from migrate.judge.thresholds import Thresholds
-from migrate.errors import MigrateError
 
 N_LAYERS = 5
 PARAMS = (

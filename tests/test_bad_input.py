@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
 from safetensors.torch import load_file, save_file
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from family_models import BERT_MLM, case, hf_forward, ms_config, ms_forward, to_numpy
 
+from family_models import BERT_MLM, case, hf_forward, ms_config, ms_forward, to_numpy
 from migrate.errors import MigrateError
 from migrate.models.bert import BertConfig, BertForMaskedLM, BertModel
 

@@ -12,10 +12,10 @@ import json
 
 import numpy as np
 import pytest
-from train_setup import load_cfg, load_golden, make_run_dir
 
 from migrate.cli import main
 from migrate.train.trainer import train
+from train_setup import load_cfg, load_golden, make_run_dir
 
 golden = load_golden()
 NOISE_DATA_SEED = 6  # the run config's data_seed is 5

@@ -11,13 +11,13 @@ import shutil
 
 import numpy as np
 import pytest
-from train_setup import RUN, make_run_dir, metrics
 
 from migrate.checkpoints.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.train.checkpoint.folder import LATEST, open_checkpoint
 from migrate.train.checkpoint.shards import LAYOUT_FILE, shard_file
+from train_setup import RUN, make_run_dir, metrics
 
 SHORT_RUN = (RUN.replace("total_steps: 200", "total_steps: 4").replace("warmup_steps: 20", "warmup_steps: 2")
              + "checkpoint_interval: 2\nkeep_checkpoints: 2\n")

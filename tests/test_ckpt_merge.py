@@ -17,8 +17,13 @@ from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
 from migrate.models.llama import LlamaForCausalLM
 from migrate.parallel.layout import Layout
-from migrate.train.checkpoint.folder import (OPTIMIZER_FILE, merge_checkpoint, open_checkpoint, save_checkpoint,
-                                             shard_staging_dir)
+from migrate.train.checkpoint.folder import (
+    OPTIMIZER_FILE,
+    merge_checkpoint,
+    open_checkpoint,
+    save_checkpoint,
+    shard_staging_dir,
+)
 from migrate.train.checkpoint.shards import LAYOUT_FILE, layout_record, shard_file, slice_table, write_optimizer_shard
 from migrate.train.optim import AdamW
 

@@ -37,7 +37,7 @@ def test_compare_cli_exit_codes(tmp_path, capsys):
     def write(path, losses, lrs):
         path.write_text("".join(json.dumps({"step": i + 1, "loss": loss, "lr": lr, "grad_norm": 1.0,
                                             "tokens": 64 * (i + 1), "time": 0.1 * i}) + "\n"
-                                for i, (loss, lr) in enumerate(zip(losses, lrs))))
+                                for i, (loss, lr) in enumerate(zip(losses, lrs, strict=True))))
         return path
 
     losses = [5.0 - 0.01 * i for i in range(30)]

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from migrate.errors import MigrateError
 from migrate import compare as cmp
 from migrate.compare import Tolerances, compare_runs, print_summary, write_json, write_plot
+from migrate.errors import MigrateError
 
 STEPS = 100
 WARMUP = 10

@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from test_compare import golden_curve, write_log
-from train_setup import load_golden, make_run_dir
 
 from migrate.cli import main
+from migrate.compare import compare_runs
 from migrate.convert import convert
 from migrate.data.tokenize import tokenize_corpus
 from migrate.demo_train import MODEL as DEMO_MODEL
-from migrate.compare import compare_runs
 from migrate.train.config import RunConfig
 from migrate.train.trainer import train
+from test_compare import golden_curve, write_log
+from train_setup import load_golden, make_run_dir
 
 golden = load_golden()
 RUN = """\

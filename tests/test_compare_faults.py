@@ -22,13 +22,13 @@ import json
 import math
 
 import pytest
-from train_setup import load_golden, make_run_dir
 
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.train.config import RunConfig
 from migrate.train.knob_faults import TRAIN_FAULTS
 from migrate.train.trainer import train
+from train_setup import load_golden, make_run_dir
 
 golden = load_golden()
 RUN = """\
@@ -142,8 +142,15 @@ FOREIGN = ("megatron", "hf_trainer", "hf_tensorboard", "megatron_tensorboard", "
 @pytest.fixture(scope="module")
 def foreign(root):
     import torch
-    from foreign_logs import (records, write_hf_tensorboard, write_hf_trainer_state, write_megatron,
-                              write_mindformers, write_tensorboard)
+
+    from foreign_logs import (
+        records,
+        write_hf_tensorboard,
+        write_hf_trainer_state,
+        write_megatron,
+        write_mindformers,
+        write_tensorboard,
+    )
 
     cfg = RunConfig.load(root / "run.yaml")
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=3e-3)

@@ -11,13 +11,13 @@ import shutil
 
 import matplotlib.figure
 import pytest
-from train_setup import load_golden, make_run_dir
 
 from migrate.cli import main
 from migrate.compare import compare_runs, render_plot
-from migrate.train.config import RunConfig
 from migrate.compare.effective_hparams import KNOBS
+from migrate.train.config import RunConfig
 from migrate.train.trainer import train
+from train_setup import load_golden, make_run_dir
 
 golden = load_golden()
 RUN = """\

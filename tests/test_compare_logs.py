@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from foreign_logs import write_hf_trainer_state, write_megatron, write_mindformers, write_tensorboard
-from test_compare import golden_curve, write_log
 
+from foreign_logs import write_hf_trainer_state, write_megatron, write_mindformers, write_tensorboard
 from migrate.cli import main
-from migrate.errors import MigrateError
 from migrate.compare import compare_runs
 from migrate.compare.log_formats import printed_resolution
 from migrate.compare.readers import detect_format, read_run
+from migrate.errors import MigrateError
+from test_compare import golden_curve, write_log
 
 N = 40
 
@@ -21,7 +21,7 @@ N = 40
 def recs(n=N, scale=1.0):
     steps, loss, lr, grad = golden_curve(n)
     return [{"step": int(s), "loss": float(np.float32(l_ * scale)), "lr": float(r), "grad_norm": float(np.float32(g))}
-            for s, l_, r, g in zip(steps, loss, lr, grad)]
+            for s, l_, r, g in zip(steps, loss, lr, grad, strict=True)]
 
 
 def dense(tmp_path, rows, name="ms"):

@@ -18,20 +18,20 @@ import shutil
 import numpy as np
 import pytest
 import torch
+
 from foreign_logs import records, write_hf_trainer_state
 from hf_fixtures import build_hf_model, save_hf_model
-from train_setup import RUN as TRAINER_RUN
-from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics
-
 from migrate.cli import main
+from migrate.compare import compare_runs
+from migrate.compare.reference import DEPTH_UNIT, REFERENCE_FIELDS
 from migrate.convert import convert
 from migrate.data.samples import load_samples, run_order
 from migrate.errors import MigrateError
-from migrate.compare import compare_runs
-from migrate.compare.reference import DEPTH_UNIT, REFERENCE_FIELDS
 from migrate.train.config import RunConfig
 from migrate.train.hparams import hparams_report
 from migrate.train.trainer import train
+from train_setup import RUN as TRAINER_RUN
+from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics
 
 golden = load_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

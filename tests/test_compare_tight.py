@@ -16,14 +16,14 @@ import shutil
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from train_setup import RUN as TRAINER_RUN
-from train_setup import load_golden, make_run_dir
 
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.demo_train import MODEL as DEMO_MODEL
 from migrate.train.config import RunConfig
 from migrate.train.trainer import train
+from train_setup import RUN as TRAINER_RUN
+from train_setup import load_golden, make_run_dir
 
 golden = load_golden()
 RUN = """\

@@ -2,11 +2,11 @@
 export, `keymap check`, load_model, the decay pairing and `migrate diff`."""
 import numpy as np
 import pytest
-from hf_fixtures import hf_config
 
-from migrate.models.conversion_plan import ConversionPlan
+from hf_fixtures import hf_config
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap
+from migrate.models.conversion_plan import ConversionPlan
 
 
 def plan_for(variant: str, target: str | None = None, keymap: str = "hf_llama") -> ConversionPlan:

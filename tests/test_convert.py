@@ -6,13 +6,13 @@ import json
 import mindspore as ms
 import numpy as np
 import pytest
-from hf_fixtures import LAYOUTS, VARIANTS, build_hf_model, save_hf_model
-from ms_helpers import compare, seeded_batch
 
+from hf_fixtures import LAYOUTS, VARIANTS, build_hf_model, save_hf_model
 from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.convert import convert
 from migrate.keymap import Keymap
 from migrate.models.loading import load_checkpoint_dict, load_model
+from ms_helpers import compare, seeded_batch
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

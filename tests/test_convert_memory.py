@@ -12,14 +12,14 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
-from ms_helpers import compare, seeded_batch
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
 from migrate.models.loading import load_checkpoint_dict, load_model
+from ms_helpers import compare, seeded_batch
 
 MB = 10**6
 
@@ -266,5 +266,5 @@ def test_kernel_copy_and_its_fallback_write_the_same_bytes(tmp_path, monkeypatch
     monkeypatch.setattr(HFCheckpoint, "source", lambda self, name: None)  # every byte through the reader thread
     through_memory = convert(src, tmp_path / "memory", fmt=fmt, max_shard_size="30KB", hash_sources=False)
     assert len(kernel.files) > 1
-    for a, b, c in zip(kernel.files, fallback.files, through_memory.files):
+    for a, b, c in zip(kernel.files, fallback.files, through_memory.files, strict=True):
         assert a.read_bytes() == b.read_bytes() == c.read_bytes()

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 
 

@@ -5,13 +5,13 @@ import re
 from pathlib import Path
 
 import pytest
-from hf_fixtures import build_hf_model
-from ms_helpers import compare as compare_logits
-from ms_helpers import seeded_batch
 from safetensors.torch import save_file
 
+from hf_fixtures import build_hf_model
 from migrate.cli import main
 from migrate.models.loading import load_model
+from ms_helpers import compare as compare_logits
+from ms_helpers import seeded_batch
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "convert.md"
 

@@ -1,10 +1,10 @@
 """Weight-decay groups: HF Trainer's own rule on torch, the keymap carries it to MindSpore."""
 import pytest
-from hf_fixtures import build_hf_model, hf_config
 from transformers import Trainer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
 
+from hf_fixtures import build_hf_model, hf_config
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap
 from migrate.models.config import LlamaConfig

@@ -3,8 +3,8 @@ injected fault fails and is located at the right layer and sub-block."""
 import json
 
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.align import run_diff
 from migrate.align.model_faults import FAULTS
 from migrate.cli import main

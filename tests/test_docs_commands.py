@@ -221,7 +221,6 @@ TINY = dict(vocab_size=VOCAB, max_position_embeddings=512, initializer_range=0.1
 def base(tmp_path_factory):
     """hf_model/ (a tied GQA Llama with a BPE tokenizer) and corpus/*.txt, built once."""
     from hf_fixtures import build_hf_model, save_hf_model
-
     from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
 
     root = tmp_path_factory.mktemp("docs_base")
@@ -423,7 +422,7 @@ def test_design_layers_are_the_ones_test_architecture_enforces():
     shown = [{"migrate" if n == "migrate" else f"migrate.{n}" for n in re.findall(r"`([\w.]+)`", item)}
              for item in items]
     assert len(shown) == len(LAYERS), f"DESIGN lists {len(shown)} layers, the test {len(LAYERS)}"
-    for (name, prefixes), names in zip(LAYERS, shown):
+    for (name, prefixes), names in zip(LAYERS, shown, strict=True):
         assert names == set(prefixes), (f"layer {name}: DESIGN lists {sorted(names - set(prefixes))} too much, "
                                         f"misses {sorted(set(prefixes) - names)}")
 

@@ -10,10 +10,9 @@ import json
 
 import numpy as np
 import pytest
+
 from fault_worker import EXIT_ENV as FAULT_ENV
 from fault_worker import use_fault_worker
-from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
-
 from migrate.cli import main
 from migrate.errors import MigrateError
 from migrate.models.loading import load_model
@@ -21,6 +20,7 @@ from migrate.train.checkpoint.folder import open_checkpoint
 from migrate.train.checkpoint.shards import LAYOUT_FILE
 from migrate.train.ms_data import micro_batches
 from migrate.train.trainer import check_resumable, train
+from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
 
 STEPS = 50
 RUN_DP1 = RUN.replace("total_steps: 200", f"total_steps: {STEPS}") + "checkpoint_interval: 25\n"
@@ -50,8 +50,8 @@ def dp2(run_dir):
 def test_dp2_follows_the_single_process_curve(dp1, dp2):
     assert [[r[k] for k in SAME] for r in dp2] == [[r[k] for k in SAME] for r in dp1]
     assert len(dp2) == STEPS and dp2[-1]["tokens"] == STEPS * 8 * 16  # global tokens, logged once
-    loss = np.array([rel(a["loss"], b["loss"]) for a, b in zip(dp1, dp2)])
-    norm = np.array([rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(dp1, dp2)])
+    loss = np.array([rel(a["loss"], b["loss"]) for a, b in zip(dp1, dp2, strict=True)])
+    norm = np.array([rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(dp1, dp2, strict=True)])
     print(f"\n[dp=2 vs dp=1, {STEPS} steps fp32] loss rel max {loss.max():.2e} mean {loss.mean():.2e}; "
           f"grad_norm rel max {norm.max():.2e}; loss {dp1[0]['loss']:.4f} -> {dp1[-1]['loss']:.4f}")
     assert loss.max() <= 1e-5
@@ -85,7 +85,7 @@ def test_each_rank_reads_its_share_of_the_global_batch(run_dir):
     whole = list(micro_batches(one))
     shares = [list(micro_batches(two, shard=(2, r))) for r in (0, 1)]
     assert len(whole) == len(shares[0]) == len(shares[1]) == STEPS * 2
-    for (s, m, rows), (s0, m0, rows0), (s1, m1, rows1) in zip(whole, *shares):
+    for (s, m, rows), (s0, m0, rows0), (s1, m1, rows1) in zip(whole, *shares, strict=True):
         assert (s, m) == (s0, m0) == (s1, m1)
         np.testing.assert_array_equal(np.concatenate([rows0, rows1]), rows[[0, 2, 1, 3]])
 
@@ -97,7 +97,7 @@ def test_resume_from_dp2_into_dp1_continues_the_curve(dp1, dp2, run_dir):
     assert resumed[:25] == dp2[:25]
     assert [[r[k] for k in SAME] for r in resumed] == [[r[k] for k in SAME] for r in dp1]
     after = [max(rel(a["loss"], c["loss"]), rel(b["loss"], c["loss"]))
-             for a, b, c in zip(dp1[25:], dp2[25:], resumed[25:])]
+             for a, b, c in zip(dp1[25:], dp2[25:], resumed[25:], strict=True)]
     print(f"\n[resume dp=2 -> dp=1 at step 25] loss rel max {max(after):.2e} over steps 26..{STEPS}")
     assert max(after) <= 1e-5
 

@@ -7,11 +7,9 @@ BertForMaskedLM with its MLM head) through their own keymaps. Run with -s for fi
 import numpy as np
 import pytest
 import torch
+
 from family_fixtures import build_family_model
 from hf_fixtures import save_hf_model
-from ms_helpers import compare as compare_logits
-from ms_helpers import seeded_batch
-
 from migrate.align import run_diff
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.convert import convert
@@ -19,6 +17,8 @@ from migrate.errors import MigrateError
 from migrate.export import export
 from migrate.hf_config import load_hf_config
 from migrate.models.loading import load_model
+from ms_helpers import compare as compare_logits
+from ms_helpers import seeded_batch
 
 CASES = {
     "qwen2": ("hf_qwen2", {}),
@@ -155,7 +155,6 @@ def test_gemma_from_auto_and_each_of_its_features_is_needed(tmp_path, capsys):
 def test_gemma_embedding_scale_is_rounded_to_the_weights_dtype():
     """HF multiplies by √hidden_size cast to the weights' dtype: 5.65625 for hidden 32 in bf16."""
     from family_models import GEMMA, build_hf, ms_config
-
     from migrate.models.registry import build_model
 
     hf = build_hf(GEMMA, {})
@@ -185,12 +184,11 @@ def test_gemma_fused_targets_diff_and_round_trip(tmp_path, target):
 def test_gemma_trains_like_the_golden(tmp_path):
     """`migrate train` trains Gemma (the bundled Llama with its flags; the golden script loads
     it with AutoModelForCausalLM): 4 steps of the golden and the MindSpore trainer, fp32."""
-    from train_setup import RUN, load_cfg, load_golden, metrics, rel
-
     from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
     from migrate.data.tokenize import tokenize_corpus
     from migrate.train.config import ScheduleConfig
     from migrate.train.trainer import train
+    from train_setup import RUN, load_cfg, load_golden, metrics, rel
 
     files = write_stdlib_corpus(tmp_path / "corpus", modules=["textwrap", "heapq"])
     train_bpe_tokenizer(files, 320, tmp_path / "tok")
@@ -202,9 +200,10 @@ def test_gemma_trains_like_the_golden(tmp_path):
     load_golden().train(cfg, tmp_path / "golden", log=lambda line: None)
     train(cfg, tmp_path / "ms_run", progress=False)
     g, m = metrics(tmp_path / "golden"), metrics(tmp_path / "ms_run")
-    print("\n[gemma train] loss rel per step " + ", ".join(f"{rel(a['loss'], b['loss']):.1e}" for a, b in zip(g, m)))
+    print("\n[gemma train] loss rel per step "
+          + ", ".join(f"{rel(a['loss'], b['loss']):.1e}" for a, b in zip(g, m, strict=True)))
     assert [r["step"] for r in m] == [1, 2, 3, 4]
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-6
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)) <= 1e-6
 
 
 # case -> (build_family_model name, keymap --src, layout, config overrides)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.align import run_diff
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_reader import open_ms_checkpoint

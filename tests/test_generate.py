@@ -8,10 +8,9 @@ Each judged property is also shown to fail on a deliberately broken case. Run wi
 import mindspore as ms
 import numpy as np
 import pytest
+
 from family_fixtures import build_family_model
 from hf_fixtures import build_hf_model, save_hf_model
-from test_rope_types import ROPE
-
 from migrate.convert import convert
 from migrate.infer.batch import make_batch
 from migrate.infer.compare_hf import compare_with_hf, load_hf_model
@@ -19,6 +18,7 @@ from migrate.infer.generate import generate
 from migrate.infer.runners import CachedRunner, UncachedRunner
 from migrate.infer.sampling import Sampling
 from migrate.models.loading import load_model
+from test_rope_types import ROPE
 
 STEPS = 128
 # Left padding: row 1 is 3 tokens shorter. Seeds picked so that no near-tie (< 1e-4) flips a token.
@@ -146,8 +146,12 @@ def test_sampling_is_seeded_and_tends_to_greedy(llama):
 
 def test_processors_equal_transformers_and_a_wrong_one_fails():
     import torch
-    from transformers import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
-                              TopPLogitsWarper)
+    from transformers import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, (4, 64)).astype(np.float32)

@@ -5,8 +5,8 @@ import json
 import shutil
 
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 from migrate.convert import convert
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
 from migrate.data.samples import load_samples, run_order
 from migrate.data.tokenize import tokenize_corpus

@@ -9,8 +9,8 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from family_models import GPT2, build_hf, case, ms_config, ms_forward
 
+from family_models import GPT2, build_hf, case, ms_config, ms_forward
 from migrate.errors import MigrateError
 from migrate.models.gpt2 import GPT2Config, GPT2LMHeadModel
 

@@ -2,8 +2,8 @@
 is bit-identical, the first gradient divergence is named in layer L, and without --grads the fault is
 refused in one line (it would pass unseen)."""
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.align import run_diff
 from migrate.align.model_faults import FAULTS, GRAD_FAULTS
 from migrate.cli import main

@@ -13,17 +13,17 @@ import shutil
 
 import numpy as np
 import pytest
-from train_setup import load_cfg, load_golden, make_run_dir, metrics
 
 from migrate.cli import main as cli_main
+from migrate.compare import compare_runs
 from migrate.data.samples import load_samples, run_order
 from migrate.data.tokenize import write_mindrecord
 from migrate.errors import MigrateError
-from migrate.compare import compare_runs
 from migrate.train.config import HealthConfig, LossScaleConfig, RunConfig, ScheduleConfig
-from migrate.train.health.watch import HealthWatch, StepFacts
 from migrate.train.health.log import HealthStop
+from migrate.train.health.watch import HealthWatch, StepFacts
 from migrate.train.trainer import train
+from train_setup import load_cfg, load_golden, make_run_dir, metrics
 
 golden = load_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -152,6 +152,7 @@ def nan_skip(root):
 def test_a_nan_gradient_is_skipped_identically_and_compare_passes(nan_skip, root):
     cfg, runs = nan_skip
     for side, (m, entries, error) in runs.items():
+        assert error is None, side  # skip: the run goes on
         assert events(entries) == [(8, "nonfinite_grad", "skip")], side
         assert m[7]["skipped"] is True and m[7]["grad_norm"] is None and m[7]["health"] == ["nonfinite_grad"]
         assert m[8]["lr"] == m[7]["lr"]  # the scheduler did not advance either
@@ -184,6 +185,7 @@ def test_an_fp16_loss_scale_that_collapses(root):
     cfg = load_cfg(root, total_steps=9, schedule=SHORT, dtype="fp16", loss_scale=LossScaleConfig(init_scale=16.0))
     runs = both(cfg, root, "fp16", step_faults=["nan_grad@3-8"])
     for side, (m, entries, error) in runs.items():
+        assert error is None, side  # continue: the run goes on
         # Scales 16, 8, 4, 2, 1 at steps 3-7: the third skip in a row at 5; step 7 backs off to 0.5 < 1.
         assert events(entries) == [(5, "skipped_run", "continue"), (7, "loss_scale_collapse", "continue")], side
         assert [r["skipped"] for r in m] == [False, False] + [True] * 6 + [False]

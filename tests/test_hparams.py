@@ -1,11 +1,11 @@
 """`migrate hparams`: both sides' knobs from the live objects; each injected fault is caught and named."""
 import pytest
-from train_setup import load_cfg, make_run_dir
 
 from migrate.errors import MigrateError
 from migrate.train.config import LossScaleConfig
-from migrate.train.knob_faults import TRAIN_FAULTS
 from migrate.train.hparams import format_report, hparams_report, probe_torch_clip_eps
+from migrate.train.knob_faults import TRAIN_FAULTS
+from train_setup import load_cfg, make_run_dir
 
 
 @pytest.fixture(scope="module")

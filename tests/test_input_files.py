@@ -11,11 +11,11 @@ import struct
 import numpy as np
 import pytest
 import torch
-from family_fixtures import build_family_model
-from hf_fixtures import build_hf_model, save_hf_model
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from family_fixtures import build_family_model
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.checkpoints.dtypes import torch_to_numpy
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.cli import main

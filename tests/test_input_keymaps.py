@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.keymap import KEYMAP_DIR

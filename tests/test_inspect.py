@@ -1,6 +1,5 @@
 """`migrate inspect` lists names, dtypes and shapes without loading tensor data."""
 from hf_fixtures import build_hf_model, save_hf_model
-
 from migrate.cli import main
 from migrate.convert import convert
 

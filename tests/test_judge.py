@@ -7,12 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from migrate.errors import MigrateError
-from migrate.judge import Check, Column, Table, Verdict, fmt_figure, fmt_num, parse_spec, validated
-from migrate.judge import html, markdown
-from migrate.judge.table import FAIL, FIRST, NOT_JUDGED
 from migrate.dtype_names import NAMES, PRECISIONS, SPELLINGS, canonical_dtype, spelled
-
+from migrate.errors import MigrateError
+from migrate.judge import Check, Column, Table, Verdict, fmt_figure, fmt_num, html, markdown, parse_spec, validated
+from migrate.judge.table import FAIL, FIRST, NOT_JUDGED
 
 # --------------------------------------------------------------------------- dtype vocabulary
 
@@ -32,9 +30,9 @@ def test_one_vocabulary_of_precisions():
 
 def test_other_dtype_tables_read_the_vocabulary():
     from migrate.checkpoints.dtypes import CLI_DTYPES, COMPUTE_DTYPE, short_name
-    from migrate.memory_plan import DTYPE_BYTES
     from migrate.compare import Tolerances
     from migrate.compare.effective_hparams import _dtype
+    from migrate.memory_plan import DTYPE_BYTES
 
     assert DTYPE_BYTES == {s: PRECISIONS[n].bytes for s, n in SPELLINGS.items()}
     assert {short_name(dt): COMPUTE_DTYPE[dt] for dt in CLI_DTYPES.values()} == {
@@ -148,8 +146,8 @@ def test_the_judge_and_its_clients_load_without_a_framework():
 
 
 def test_diff_and_compare_decide_through_the_same_verdict(tmp_path):
-    from migrate.judge.report import Report
     from migrate.compare import compare_runs
+    from migrate.judge.report import Report
 
     empty = Report()
     assert isinstance(empty.verdict, Verdict) and empty.exit_code == 1

@@ -1,7 +1,7 @@
 """The keymap is data: templates expand per layer, config maps both ways."""
 import pytest
-from hf_fixtures import hf_config
 
+from hf_fixtures import hf_config
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, available
 
@@ -92,6 +92,12 @@ def test_fused_rows_vars_and_negated_conditions(tmp_path):
     ("  bad: {from: [a, b], to: c}\n", "needs a layout"),
     ("  bad: {from: [a, b], to: c, layout: no_such_layout}\n", "unknown layout"),
     ("  bad: {from: [a], to: [c], layout: transpose, tied_to: z}\n", "tied_to applies to renames only"),
+    # a target beyond the layout's outputs would count as filled and never be written
+    ("  bad: {from: [q, k, v], to: [c, d], layout: qkv_groups}\n",
+     r"layout qkv_groups maps 3 source\(s\) to 1 target\(s\); the row names 3 -> 2"),
+    ("  bad: {from: [q, k], to: c, layout: qkv_groups}\n", r"the row names 2 -> 1"),
+    ("  bad: {from: c, to: [c1, c2], layout: split_thirds}\n", r"the row names 1 -> 2"),
+    ("  bad: {to: c, layout: split_thirds}\n", r"the row names 1 -> 1"),
 ])
 def test_bad_fused_rows_are_refused(tmp_path, row, message):
     text = "family: t\ntarget: m:C\nconfig: {}\nparams:\n" + row

@@ -10,8 +10,14 @@ from migrate.cli import main
 from migrate.models.config import LlamaConfig
 from migrate.parallel.layout import Layout
 from migrate.train.launch.cluster import Cluster, cluster_errors
-from migrate.train.launch.msrun import (as_exit_status, free_port, local_ranks, msrun_command, worker_args,
-                                  worst_exit_code)
+from migrate.train.launch.msrun import (
+    as_exit_status,
+    free_port,
+    local_ranks,
+    msrun_command,
+    worker_args,
+    worst_exit_code,
+)
 
 RUN = """\
 ms_model: ms

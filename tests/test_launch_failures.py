@@ -8,12 +8,12 @@ step 2), and the launcher's reading of msrun's log checked on hand-made log fold
 import signal
 
 import pytest
-from fault_worker import KILL_ENV, use_fault_worker
-from train_setup import RUN, make_run_dir
 
+from fault_worker import KILL_ENV, use_fault_worker
 from migrate.cli import main
 from migrate.train.launch.msrun import MSRUN_LOG, _outcome
 from migrate.train.launch.worker_files import exit_file, pid_file
+from train_setup import RUN, make_run_dir
 
 DP_RUN = (RUN.replace("total_steps: 200", "total_steps: 6").replace("warmup_steps: 20", "warmup_steps: 2")
           .replace("micro_batch_size: 4", "micro_batch_size: 2"))

@@ -8,14 +8,14 @@ both write the same `live_shared`; each record changes when the model it reads d
 """
 import pytest
 import torch
-from hf_fixtures import build_hf_model
-from train_setup import load_golden
 
+from hf_fixtures import build_hf_model
 from migrate.models.base import F32, model_precision
 from migrate.models.config import LlamaConfig
 from migrate.models.llama import LlamaForCausalLM
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.precision import autocast_model
+from train_setup import load_golden
 
 golden = load_golden()
 

@@ -91,7 +91,7 @@ def unfuse_grads(ms_grads: dict[str, np.ndarray], cfg: LlamaConfig) -> dict[str,
             for p in ("weight", "bias"):
                 if layer + target.format(p=p) in ms_grads:
                     parts = layout.inverse([ms_grads[layer + target.format(p=p)]], cfg)
-                    back.update({layer + s.format(p=p): g for s, g in zip(sources, parts)})
+                    back.update({layer + s.format(p=p): g for s, g in zip(sources, parts, strict=True)})
     return back
 
 
@@ -114,7 +114,7 @@ def ids_for(vocab: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=(2, 12), dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def case(name: str):
     hf_model = build_hf(name)
     cfg = ms_config(hf_model.config)
@@ -212,7 +212,7 @@ def test_gradients_match_torch(name, mode):
 
     t = ms.Tensor(ids.astype(np.int32))
     loss, grads = ms.value_and_grad(loss_fn, None, params)(t, t)
-    ms_grads = unfuse_grads({p.name: g.asnumpy() for p, g in zip(params, grads)}, cfg)
+    ms_grads = unfuse_grads({p.name: g.asnumpy() for p, g in zip(params, grads, strict=True)}, cfg)
     assert set(ms_grads) == set(hf_grads)
     worst, worst_name = max((float(np.abs(ms_grads[n] - hf_grads[n]).max()), n) for n in hf_grads)
     loss_rel = abs(float(loss.asnumpy()) - out.loss.item()) / out.loss.item()

@@ -11,9 +11,21 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from family_models import (LLAMA, build_hf, case, cosine, hf_forward, hf_in_ms_names, load_into, ms_config,
-                           ms_forward, ms_inputs, to_dtype, to_numpy)
 
+from family_models import (
+    LLAMA,
+    build_hf,
+    case,
+    cosine,
+    hf_forward,
+    hf_in_ms_names,
+    load_into,
+    ms_config,
+    ms_forward,
+    ms_inputs,
+    to_dtype,
+    to_numpy,
+)
 from migrate.errors import MigrateError
 from migrate.models.config import LlamaConfig
 from migrate.models.llama import LlamaForCausalLM
@@ -43,7 +55,7 @@ def test_bf16_backward_tracks_torch():
     grad_fn = ms.value_and_grad(lambda ids_, labels_: ms_model(ids_, None, labels_)[1], None, params)
     _, grads = grad_fn(ids, labels)
     assert all(g.dtype == ms.bfloat16 for g in grads)
-    ms_grads = {p.name: g.astype(ms.float32).asnumpy() for p, g in zip(params, grads)}
+    ms_grads = {p.name: g.astype(ms.float32).asnumpy() for p, g in zip(params, grads, strict=True)}
     a = np.concatenate([ms_grads[n].ravel() for n in hf_grads])
     b = np.concatenate([hf_grads[n].ravel() for n in hf_grads])
     cos = cosine(a, b)

@@ -10,28 +10,28 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import LlamaForCausalLM
 
 import migrate.align.runner as runner
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.align.adapters import attach_to_ms, load_adapter
 from migrate.align.runner import run_diff
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
 from migrate.export import export
 from migrate.keymap import Keymap, recorded_keymap
+from migrate.lora.cells import attach_lora
 from migrate.lora.memory import adapter_params, lora_estimate
 from migrate.lora.spec import LoraSpec
 from migrate.lora.targets import resolve_targets
 from migrate.lora.transfer import export_adapter, import_adapter, merge_adapter
-from migrate.models.config import LlamaConfig
-from migrate.models.loading import load_model
-from migrate.lora.cells import attach_lora
-from migrate.parallel.layout import Layout
 from migrate.memory_plan import GiB, estimate_memory
+from migrate.models.config import LlamaConfig
+from migrate.models.conversion_plan import ConversionPlan
+from migrate.models.loading import load_model
+from migrate.parallel.layout import Layout
 from migrate.train.config import RunConfig
 
 IDS = np.random.default_rng(0).integers(0, 128, (2, 8))

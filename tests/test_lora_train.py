@@ -13,12 +13,11 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from family_fixtures import build_family_model, save_hf_model
-from hf_fixtures import build_hf_model
 from peft import PeftModel
-from train_setup import RUN, VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 from transformers import AutoModelForCausalLM
 
+from family_fixtures import build_family_model, save_hf_model
+from hf_fixtures import build_hf_model
 from migrate.align.adapters import attach_to_ms, load_adapter
 from migrate.cli import main
 from migrate.convert import convert
@@ -28,6 +27,7 @@ from migrate.lora.transfer import export_adapter
 from migrate.models.loading import load_model
 from migrate.train.hparams import hparams_report
 from migrate.train.trainer import train
+from train_setup import RUN, VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 golden = load_golden()
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -79,8 +79,8 @@ def compare(root, golden_run, ms_run, *extra):
 @pytest.mark.parametrize("family, targets", CASES)
 def test_fp32_lora_matches_peft_over_50_steps(root, runs, family, targets):
     g, m = runs[(family, str(targets))]
-    loss = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m)])
-    lr = max(abs(a["lr"] - b["lr"]) for a, b in zip(g, m))
+    loss = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)])
+    lr = max(abs(a["lr"] - b["lr"]) for a, b in zip(g, m, strict=True))
     hp = json.loads((root / "runs" / name(family, targets) / "effective_hparams.json").read_text())["lora"]
     print(f"\n[LoRA fp32 50 steps, {family}, {targets}] first {loss[0]:.2e}, mean {loss.mean():.2e}, "
           f"max {loss.max():.2e}, lr diff {lr}; loss {g[0]['loss']:.4f} -> {g[-1]['loss']:.4f}; "
@@ -146,7 +146,7 @@ def test_the_fused_layout_trains_like_peft(root, runs):
     cfg = case_cfg(root, "llama", "all-linear", checkpoint_interval=0, ms_model=root / "ms_fused")
     train(cfg, root / "runs" / "fused", progress=False, peak_flops=1e12, stop_after=10)
     g, m = metrics(root / "golden" / name("llama", "all-linear"))[:10], metrics(root / "runs" / "fused")
-    loss = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m)])
+    loss = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)])
     print(f"\n[LoRA fp32 10 steps, --qkv-concat, all-linear] first {loss[0]:.2e}, mean {loss.mean():.2e}")
     assert loss[0] <= 1e-6 and loss.mean() <= 1e-5
 

@@ -10,18 +10,18 @@ import dataclasses
 
 import pytest
 import yaml
+
 from family_fixtures import build_family_model
 from mf_fixtures import make_mf_root
-
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
-from migrate.models.config import LlamaConfig
-from migrate.train.config import RunConfig
 from migrate.mindformers.fields import check_run_yaml
 from migrate.mindformers.model import check_expressible
 from migrate.mindformers.run import mindformers_run
 from migrate.mindformers.table import TABLE
+from migrate.models.config import LlamaConfig
+from migrate.train.config import RunConfig
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 import yaml
-from mf_fixtures import make_mf_root
 
+from mf_fixtures import make_mf_root
 from migrate.cli import main
 from migrate.mindformers import schedule as mf_schedule
-from migrate.train.config import RunConfig
 from migrate.mindformers.hparams_vs_golden import mf_hparams_report
 from migrate.mindformers.run import mindformers_run
 from migrate.mindformers.training import lr_section
+from migrate.train.config import RunConfig
 from migrate.train.schedule import lr_table
 
 

@@ -9,9 +9,24 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from family_models import (FAMILIES, MODES, build_hf, case, compared_rows, cosine, hf_forward, hf_in_ms_names,
-                           load_into, ms_config, ms_forward, ms_inputs, outputs, to_dtype, to_numpy)
 
+from family_models import (
+    FAMILIES,
+    MODES,
+    build_hf,
+    case,
+    compared_rows,
+    cosine,
+    hf_forward,
+    hf_in_ms_names,
+    load_into,
+    ms_config,
+    ms_forward,
+    ms_inputs,
+    outputs,
+    to_dtype,
+    to_numpy,
+)
 from migrate.models.registry import build_model
 
 FORWARD = [(f.name, name, mode) for f in FAMILIES.values() for name in f.configs
@@ -28,7 +43,7 @@ def test_outputs_match_hf(family, name, mode):
     assert hidden is None
     keep = compared_rows(FAMILIES[family], inputs)
     figures = []
-    for key, got in zip(outputs(ms_model), values):
+    for key, got in zip(outputs(ms_model), values, strict=True):
         if key == "loss":
             loss_rel = abs(float(got.asnumpy()) - ref[key]) / abs(ref[key])
             figures.append(f"loss rel diff {loss_rel:.2e} (loss {ref[key]:.4f})")
@@ -74,15 +89,16 @@ def test_hidden_states_match_hf_at_the_align_points(family):
     *_, hidden = ms_forward(ms_model, inputs, output_hidden_states=True)
     plain = _align_points(align, cfg.num_layers, detail=False)
     assert len(hidden) == len(names) == len(plain) == cfg.num_layers + 1 + ("final norm" in align)
-    worst = max(float(np.abs(a.asnumpy() - to_numpy(captured[block])).max()) for a, (block, _) in zip(hidden, plain))
+    worst = max(float(np.abs(a.asnumpy() - to_numpy(captured[block])).max())
+                for a, (block, _) in zip(hidden, plain, strict=True))
 
     detail_names = type(ms_model).hidden_names(cfg, detail=True)
     *_, detail = ms_forward(ms_model, inputs, output_hidden_states="detail")
     assert len(detail) == len(detail_names) == len(points) == 3 * cfg.num_layers + 1 + ("final norm" in align)
-    for a, (block, _) in zip(detail, points):
+    for a, (block, _) in zip(detail, points, strict=True):
         worst = max(worst, float(np.abs(a.asnumpy() - to_numpy(captured[block])).max()))
-    by_name = dict(zip(detail_names, detail))
-    for a, b in zip(hidden, [by_name[n] for n in names]):
+    by_name = dict(zip(detail_names, detail, strict=True))
+    for a, b in zip(hidden, [by_name[n] for n in names], strict=True):
         assert np.array_equal(a.asnumpy(), b.asnumpy())
     print(f"\n[{family} hidden/detail] max|diff| vs HF {worst:.2e}")
     assert worst <= 1e-5
@@ -114,7 +130,7 @@ def test_gradients_match_torch(family):
 
     loss, grads = ms.value_and_grad(loss_fn, None, params)(*ms_inputs(ms_model, inputs))
     worst, worst_name = 0.0, ""
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         diff = float(np.abs(g.asnumpy() - hf_grads[p.name]).max())
         if diff >= worst:
             worst, worst_name = diff, p.name

@@ -7,9 +7,9 @@ import mindspore as ms
 import mindspore.train.serialization as ms_serialization
 import numpy as np
 import pytest
-from migrate.checkpoints.dtypes import bfloat16, canonical
 
 from migrate.checkpoints import ms_ckpt
+from migrate.checkpoints.dtypes import bfloat16, canonical
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt, read_ckpt_specs
 from migrate.errors import MigrateError
 

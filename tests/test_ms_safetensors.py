@@ -8,11 +8,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from migrate.checkpoints.dtypes import bfloat16, canonical
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from migrate.checkpoints.dtypes import torch_to_numpy
+from migrate.checkpoints.dtypes import bfloat16, canonical, torch_to_numpy
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.errors import MigrateError
 
@@ -113,7 +112,7 @@ def test_layout_follows_spec(tmp_path):
     assert head.pop("__metadata__") == {"k": "v"}
     spans = sorted(tuple(v["data_offsets"]) for v in head.values())
     assert spans[0][0] == 0 and spans[-1][1] == len(data) - 8 - size
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # no holes, no overlaps
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # no holes, no overlaps
     for name, info in head.items():  # every tensor aligned to its item size
         assert info["data_offsets"][0] % tensors[name].dtype.itemsize == 0, name
 

@@ -7,17 +7,17 @@ import math
 
 import numpy as np
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.align import run_diff
+from migrate.cli import main
+from migrate.convert import convert
 from migrate.judge.checks import tensor_checks
 from migrate.judge.metrics import logits_metrics
 from migrate.judge.noise import TWIN, noise_figures, tie_margin
 from migrate.judge.report import Report
 from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.judge.twin import twin_refused
-from migrate.cli import main
-from migrate.convert import convert
 from migrate.probe import diff_pair, dump
 from migrate.probe.dump_format import Dump
 

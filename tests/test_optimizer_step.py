@@ -35,7 +35,7 @@ def _setup(tag, grads, max_norm=1.0, unscale=False):
     params = [Parameter(Tensor(w), name=f"{tag}.w{i}") for i, w in enumerate(weights)]
     optimizer = AdamW([{"params": params[::2], "weight_decay": 0.1}, {"params": params[1::2], "weight_decay": 0.0}],
                       lr=1e-2)
-    by_name = dict(zip((p.name for p in params), grads))
+    by_name = dict(zip((p.name for p in params), grads, strict=True))
     acc = ParameterTuple([Parameter(Tensor(by_name[p.name].copy()), name=f"{tag}.acc{i}", requires_grad=False)
                           for i, p in enumerate(optimizer.parameters)])
     return weights, params, optimizer, OptimizerStep(GradClipper(max_norm, unscale=unscale), optimizer, acc)
@@ -56,7 +56,7 @@ def test_step_is_torch_clip_grad_norm_then_adamw(scale):
     tparams = [torch.nn.Parameter(torch.tensor(w)) for w in weights]
     topt = torch.optim.AdamW([{"params": tparams[::2], "weight_decay": 0.1},
                               {"params": tparams[1::2], "weight_decay": 0.0}], lr=1e-2)
-    for p, g in zip(tparams, grads):
+    for p, g in zip(tparams, grads, strict=True):
         p.grad = torch.tensor(g)
     tnorm = float(torch.nn.utils.clip_grad_norm_(tparams, 1.0))
     tclipped = float(torch.nn.utils.get_total_norm([p.grad for p in tparams]))
@@ -64,7 +64,7 @@ def test_step_is_torch_clip_grad_norm_then_adamw(scale):
 
     assert norm == pytest.approx(tnorm, rel=1e-6) and clipped == pytest.approx(tclipped, rel=1e-6)
     assert (clipped < norm) == (tnorm > 1.0) and (clipped == norm) == (tnorm <= 1.0)  # below max_norm: untouched
-    for p, t in zip(params, tparams):
+    for p, t in zip(params, tparams, strict=True):
         np.testing.assert_allclose(p.asnumpy(), t.detach().numpy(), rtol=1e-6, atol=1e-7)
     assert optimizer.step_count == 1
     assert all(not a.asnumpy().any() for a in step.grads)  # zeroed for the next step's micro-batches
@@ -77,7 +77,7 @@ def test_a_skipped_step_measures_zeroes_and_changes_nothing():
     clipped = step.finish(apply=False)
     assert norm > 1.0 and clipped == pytest.approx(1.0 * norm / (norm + 1e-6), rel=1e-6)
     assert optimizer.step_count == 0
-    assert all(np.array_equal(p.asnumpy(), w) for p, w in zip(params, weights))
+    assert all(np.array_equal(p.asnumpy(), w) for p, w in zip(params, weights, strict=True))
     assert all(not m.asnumpy().any() for m in optimizer.exp_avg)
     assert all(not a.asnumpy().any() for a in step.grads)
 

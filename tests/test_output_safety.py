@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,22 +4,26 @@ Nothing here initialises communication or compiles a parallel graph (MindSpore
 refuses tensor/pipeline parallel on CPU); strategies are primitive attributes
 and stages are cell attributes, which is what MindSpore compiles from.
 """
-import numpy as np
 import mindspore as ms
+import numpy as np
 import pytest
 
 from migrate.errors import MigrateError
-from migrate.models.config import LlamaConfig
+from migrate.memory_plan import stage_params
 from migrate.models.common import Linear, TiedHead
+from migrate.models.config import LlamaConfig
 from migrate.models.kernels import Kernel, LinearKernel
 from migrate.models.llama import LlamaForCausalLM
 from migrate.parallel.context import apply_parallel_context, auto_parallel_network, parallel_context
-from migrate.parallel.layout import Layout
-from migrate.parallel.pipeline import (CausalLMLoss, assign_pipeline_stages, build_pipeline_network,
-                                       pipeline_grad_reducer, read_pipeline_stages)
-from migrate.parallel.layout import validate
+from migrate.parallel.layout import Layout, validate
+from migrate.parallel.pipeline import (
+    CausalLMLoss,
+    assign_pipeline_stages,
+    build_pipeline_network,
+    pipeline_grad_reducer,
+    read_pipeline_stages,
+)
 from migrate.parallel.strategy import ShardedKernel, assign_strategies, param_splits, per_device_params
-from migrate.memory_plan import stage_params
 
 
 def _cfg(n_kv=8, layers=2, **kw):
@@ -111,7 +115,7 @@ def test_sharded_model_computes_what_the_model_computes(fused, tied, mp):
         return [g.asnumpy() for g in fn(ms.Tensor(ids))[1]]
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    for a, b in zip(grads(ref), grads(model)):
+    for a, b in zip(grads(ref), grads(model), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 

@@ -5,10 +5,21 @@ import pytest
 from rich.console import Console
 
 from migrate.errors import MigrateError
+from migrate.memory_plan import (
+    GiB,
+    MiB,
+    cpu_estimate,
+    estimate_memory,
+    layer_activation_bytes,
+    loss_block_bytes,
+    measure_peak_details,
+    plan,
+    print_plan,
+    stage_params,
+    total_params,
+)
 from migrate.models.config import LlamaConfig
 from migrate.parallel.layout import Layout
-from migrate.memory_plan import (GiB, MiB, cpu_estimate, estimate_memory, layer_activation_bytes, loss_block_bytes,
-                          measure_peak_details, plan, print_plan, stage_params, total_params)
 
 LLAMA2_7B = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32)
 
@@ -132,7 +143,7 @@ CALIBRATION = [
 def test_cpu_estimate_within_25_percent_of_measured_peak():
     with ThreadPoolExecutor(len(CALIBRATION)) as pool:
         measured = list(pool.map(lambda case: measure_peak_details(case[1], case[2], case[3]), CALIBRATION))
-    for (name, cfg, b, s), m in zip(CALIBRATION, measured):
+    for (name, cfg, b, s), m in zip(CALIBRATION, measured, strict=True):
         est = cpu_estimate(cfg, b, s)
         ratio = est.total / m["growth"]
         print(f"{name}: batch {b}×{s}, {m['params']:,} params: measured peak RSS growth {m['growth'] / MiB:.0f} MiB, "

@@ -10,16 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.align import run_diff
 from migrate.align.model_faults import FAULTS
-from migrate.probe.inputs import seeded_inputs
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
 from migrate.probe import diff_pair, record
 from migrate.probe.dump_format import Dump
+from migrate.probe.inputs import seeded_inputs
 from migrate.probe.inputs_file import inputs_bytes
 from migrate.probe.pairing import load_mapping, pair
 

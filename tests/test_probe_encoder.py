@@ -3,7 +3,6 @@
 state is compared as a hidden state, not as logits. A wrong pairing failed the correct
 all-MiniLM-L6-v2 conversion at the embedding output (cosine 0.91)."""
 from family_fixtures import build_family_model, save_hf_model
-
 from migrate.convert import convert
 from migrate.probe import diff_pair, dump
 from migrate.probe.dump_format import Dump

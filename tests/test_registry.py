@@ -7,8 +7,14 @@ from migrate.keymap import bundled_targets
 from migrate.models.bert_config import BertConfig
 from migrate.models.config import LlamaConfig
 from migrate.models.gpt2_config import GPT2Config
-from migrate.models.registry import (DEFAULT_MODEL_CLASS, FAMILIES, config_class, expected_shapes, family_of,
-                                     load_model_config)
+from migrate.models.registry import (
+    DEFAULT_MODEL_CLASS,
+    FAMILIES,
+    config_class,
+    expected_shapes,
+    family_of,
+    load_model_config,
+)
 
 LLAMA = "migrate.models.llama:LlamaForCausalLM"
 GPT2 = "migrate.models.gpt2:GPT2LMHeadModel"

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from family_fixtures import build_family_model
-from hf_fixtures import build_hf_model, save_hf_model
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from family_fixtures import build_family_model
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 from migrate.models.rope import rope_frequencies
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import VARIANTS, build_hf_model, save_hf_model
 from safetensors.torch import load_file
 
+from hf_fixtures import VARIANTS, build_hf_model, save_hf_model
 from migrate.cli import main
 from migrate.hf_config import load_hf_config
 

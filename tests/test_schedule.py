@@ -49,7 +49,7 @@ def test_lr_at_equals_hf_every_step(case):
     expected = hf_lrs(cfg)
     ours = [lr_at(step, cfg) for step in range(TOTAL)]
     assert lr_table(cfg) == ours
-    for step, (a, b) in enumerate(zip(ours, expected)):
+    for step, (a, b) in enumerate(zip(ours, expected, strict=True)):
         assert abs(a - b) <= 1e-12 * abs(b), (case, step, a, b)
     assert max(expected) > 0 and len(set(expected)) >= (1 if cfg.hf_schedule().name == "constant" else 3)
 

@@ -11,11 +11,11 @@ import sys
 
 import numpy as np
 import pytest
-from train_setup import REPO, load_cfg, load_golden, make_run_dir, metrics
 
 from migrate.train.run import run_training
 from migrate.train.step.profile import breakdown_problems, field_name, format_breakdown
 from migrate.train.trainer import train
+from train_setup import REPO, load_cfg, load_golden, make_run_dir, metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEPS = 5

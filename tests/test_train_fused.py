@@ -3,15 +3,15 @@ the fused parameters pair with their HF sources for weight decay and `migrate hp
 and the curve follows the golden's. Other families are refused in one line."""
 import pytest
 import torch
-from family_fixtures import build_family_model, save_hf_model
-from train_setup import load_cfg, load_golden, make_run_dir, metrics, rel
 
+from family_fixtures import build_family_model, save_hf_model
 from migrate.cli import main
 from migrate.convert import convert
+from migrate.train.building import build_training
 from migrate.train.config import ScheduleConfig
 from migrate.train.hparams import hparams_report
-from migrate.train.building import build_training
 from migrate.train.trainer import train
+from train_setup import load_cfg, load_golden, make_run_dir, metrics, rel
 
 SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
 
@@ -48,7 +48,7 @@ def test_fused_training_follows_the_golden(run_dir):
     g, m = metrics(run_dir / "golden_fused"), metrics(run_dir / "ms_fused_run")
     assert [r["step"] for r in m] == [1, 2, 3, 4]
     assert rel(g[0]["loss"], m[0]["loss"]) <= 1e-6
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-5
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)) <= 1e-5
 
 
 def test_other_families_are_refused_in_one_line(tmp_path, capsys):

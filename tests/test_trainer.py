@@ -11,15 +11,15 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import build_hf_model, save_hf_model
-from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.convert import convert
 from migrate.data.samples import load_samples, run_order
 from migrate.train.config import LossScaleConfig, ScheduleConfig
 from migrate.train.ms_data import micro_batches
 from migrate.train.precision import DynamicLossScaler, autocast_model
 from migrate.train.trainer import train
+from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 golden = load_golden()
 GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens", "time"}
@@ -58,9 +58,9 @@ def test_fp32_matches_the_golden_over_200_steps(fp32_runs, cfg):
     g, m, golden_s, ms_s = fp32_runs
     assert [r["step"] for r in m] == [r["step"] for r in g] == list(range(1, 201))
     assert [r["tokens"] for r in m] == [r["tokens"] for r in g]
-    loss_rel = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m)])
-    lr_rel = max(abs(a["lr"] - b["lr"]) / max(abs(a["lr"]), 1e-300) for a, b in zip(g, m))
-    grad_rel = np.array([rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(g, m)])
+    loss_rel = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)])
+    lr_rel = max(abs(a["lr"] - b["lr"]) / max(abs(a["lr"]), 1e-300) for a, b in zip(g, m, strict=True))
+    grad_rel = np.array([rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(g, m, strict=True)])
     print(f"\n[fp32 200 steps] golden {golden_s:.1f}s, MindSpore {ms_s:.1f}s; "
           f"first-step loss rel {loss_rel[0]:.2e}, mean loss rel {loss_rel.mean():.2e}, "
           f"max loss rel {loss_rel.max():.2e}, max lr rel {lr_rel:.1e}, mean grad_norm rel {grad_rel.mean():.2e}, "
@@ -76,7 +76,7 @@ def test_fp32_clips_with_torchs_epsilon(fp32_runs, cfg):
     # Where both sides clip, torch's max_norm / (norm + 1e-6) leaves the clipped norm 1e-6 / norm below
     # max_norm (~9e-7 here); without the epsilon it would be max_norm. The loss curve cannot see this.
     g, m, _, _ = fp32_runs
-    both = [(a, b) for a, b in zip(g, m) if min(a["grad_norm"], b["grad_norm"]) > cfg.max_grad_norm]
+    both = [(a, b) for a, b in zip(g, m, strict=True) if min(a["grad_norm"], b["grad_norm"]) > cfg.max_grad_norm]
     signed = np.array([(b["grad_norm_clipped"] - a["grad_norm_clipped"]) / a["grad_norm_clipped"] for a, b in both])
     eps_effect = np.mean([1e-6 / a["grad_norm"] for a, _ in both])
     print(f"\n[fp32 clip] {len(both)} steps clipped on both sides: grad_norm_clipped mean signed rel "
@@ -92,7 +92,7 @@ def test_metrics_keys_and_effective_hparams(fp32_runs, run_dir):
     _, m, _, _ = fp32_runs
     assert set(m[0]) == GOLDEN_KEYS | {"tokens_per_s", "mfu"}
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in m)
-    assert all(b["time"] >= a["time"] for a, b in zip(m, m[1:]))
+    assert all(b["time"] >= a["time"] for a, b in zip(m, m[1:], strict=False))
     eff = json.loads((run_dir / "ms" / "effective_hparams.json").read_text())
     assert eff["throughput"]["peak_flops"] > 0 and eff["throughput"]["source"].startswith("measured")
     decayed, kept = eff["optimizer"]["groups"]
@@ -134,7 +134,7 @@ def test_fp16_overflow_skips_the_step_and_the_schedule(cfg, run_dir):
     assert [r["loss_scale"] for r in m] == [r["loss_scale"] for r in g]
     assert m[0]["grad_norm"] is None and all(r["grad_norm"] is not None for r in m[1:])
     assert [r["lr"] for r in m] == [r["lr"] for r in g] and m[0]["lr"] == m[1]["lr"] == 0.0
-    figures = [rel(a["loss"], b["loss"]) for a, b in zip(g, m)]
+    figures = [rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)]
     print(f"\n[fp16] loss rel per step vs golden: {', '.join(f'{x:.1e}' for x in figures)}")
     assert max(figures) <= 1e-5
     live = live_shared(run_dir / "m16")
@@ -157,8 +157,8 @@ def test_bf16_trains_finite_and_close(cfg, run_dir):
     train(short.replace(dtype="bf16"), run_dir / "mbf16", progress=False, peak_flops=1e12)
     g32, gbf, mbf = metrics(run_dir / "g32s"), metrics(run_dir / "gbf16"), metrics(run_dir / "mbf16")
     assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in mbf)
-    vs_golden = np.array([rel(a["loss"], b["loss"]) for a, b in zip(gbf, mbf)])
-    vs_fp32 = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g32, mbf)])
+    vs_golden = np.array([rel(a["loss"], b["loss"]) for a, b in zip(gbf, mbf, strict=True)])
+    vs_fp32 = np.array([rel(a["loss"], b["loss"]) for a, b in zip(g32, mbf, strict=True)])
     print(f"\n[bf16 6 steps] vs golden bf16: first {vs_golden[0]:.1e} mean {vs_golden.mean():.1e}; "
           f"vs golden fp32: max {vs_fp32.max():.1e}")
     assert vs_golden[0] <= 1e-4 and vs_golden.mean() <= 5e-3
@@ -182,8 +182,8 @@ def test_bf16_is_the_golden_bf16_and_not_fp32(wide_init, run_dir):
     golden.train(wide_init.replace(dtype="bf16"), run_dir / "wbf16", log=lambda line: None)
     train(wide_init.replace(dtype="bf16"), run_dir / "mwbf16", progress=False, peak_flops=1e12)
     g32, gbf, mbf = metrics(run_dir / "w32"), metrics(run_dir / "wbf16"), metrics(run_dir / "mwbf16")
-    vs_golden = [rel(a["loss"], b["loss"]) for a, b in zip(gbf, mbf)]
-    vs_fp32 = [rel(a["loss"], b["loss"]) for a, b in zip(g32, mbf)]
+    vs_golden = [rel(a["loss"], b["loss"]) for a, b in zip(gbf, mbf, strict=True)]
+    vs_fp32 = [rel(a["loss"], b["loss"]) for a, b in zip(g32, mbf, strict=True)]
     print(f"\n[bf16, init std 0.1, steps 1-2] MindSpore vs golden bf16: {', '.join(f'{x:.1e}' for x in vs_golden)}; "
           f"vs golden fp32: {', '.join(f'{x:.1e}' for x in vs_fp32)}")
     # Measured 2.4e-7, 2.9e-7 against the golden bf16 and 5.4e-5, 3.0e-5 against fp32: a run that
@@ -225,8 +225,8 @@ def test_recompute_gives_the_same_losses(fp32_runs, cfg, run_dir):
     _, m, _, _ = fp32_runs
     rc = metrics(run_dir / "rc")
     assert len(rc) == 20
-    worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m, rc))
-    same = sum(a["loss"] == b["loss"] for a, b in zip(m, rc))
+    worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m, rc, strict=False))
+    same = sum(a["loss"] == b["loss"] for a, b in zip(m, rc, strict=False))
     print(f"\n[recompute] 20 steps: {same} losses bit-identical, max rel {worst:.1e}")
     assert worst <= 1e-6
     eff = json.loads((run_dir / "rc" / "effective_hparams.json").read_text())
@@ -244,7 +244,7 @@ def test_an_injected_fault_makes_the_run_drift(fp32_runs, cfg, run_dir):
     _, m, _, _ = fp32_runs
     faulty = metrics(run_dir / "fault")
     assert faulty[0]["loss"] == m[0]["loss"]  # same weights, same batch: the optimizer has not acted yet
-    drift = np.mean([rel(a["loss"], b["loss"]) for a, b in zip(m, faulty)])
+    drift = np.mean([rel(a["loss"], b["loss"]) for a, b in zip(m, faulty, strict=False)])
     print(f"\n[fault no_bias_correction] mean loss rel over 6 steps {drift:.1e}")
     assert drift > 1e-3
     assert json.loads((run_dir / "fault" / "effective_hparams.json").read_text())["faults"] == ["no_bias_correction"]
@@ -270,5 +270,5 @@ def test_pynative_mode_gives_the_graph_numbers_on_the_golden_rows(fp32_runs, cfg
     _, m, _, _ = fp32_runs
     py = metrics(run_dir / "pynative")
     assert [r["step"] for r in py] == [1, 2]
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(m, py)) <= 1e-6
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(m, py, strict=False)) <= 1e-6
     assert ms.get_context("mode") == ms.PYNATIVE_MODE  # train() restores the caller's mode

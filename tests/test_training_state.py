@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_fixtures import build_hf_model, hf_state, save_hf_model
 
+from hf_fixtures import build_hf_model, hf_state, save_hf_model
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt
 from migrate.checkpoints.training_state import is_training_state, split_training_state, summary
 from migrate.cli import main

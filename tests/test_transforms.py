@@ -64,7 +64,7 @@ def test_qkv_groups_layout_is_per_kv_group(name, cols):
     assert fused.shape == ((nh + 2 * nkv) * HEAD_DIM,) + ((cols,) if cols else ())
     np.testing.assert_array_equal(fused, expected)
     back = LAYOUTS["qkv_groups"].inverse([fused], cfg_for(name))
-    for a, b in zip(back, (q, k, v)):
+    for a, b in zip(back, (q, k, v), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -82,7 +82,7 @@ def test_qkv_contiguous_layout():
     layout = LAYOUTS["qkv_contiguous"]
     (fused,) = layout.forward([q, k, v], cfg_for("gqa"))
     np.testing.assert_array_equal(fused, np.concatenate([q, k, v]))
-    for a, b in zip(layout.inverse([fused], cfg_for("gqa")), (q, k, v)):
+    for a, b in zip(layout.inverse([fused], cfg_for("gqa")), (q, k, v), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -172,9 +172,9 @@ def test_round_trip_bit_exact(case, dtype, heads_name):
     assert layout.in_shapes([f.shape for f in fused], cfg) == [tuple(s) for s in shapes]
     back = layout.inverse(fused, cfg)
     assert len(back) == len(arrays)
-    assert all(bits_equal(a, b) for a, b in zip(back, arrays))
+    assert all(bits_equal(a, b) for a, b in zip(back, arrays, strict=True))
     # and the other way round: inverse then forward reproduces the fused tensors
-    assert all(bits_equal(a, b) for a, b in zip(layout.forward(back, cfg), fused))
+    assert all(bits_equal(a, b) for a, b in zip(layout.forward(back, cfg), fused, strict=True))
 
 
 def test_non_contiguous_inputs():

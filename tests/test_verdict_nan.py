@@ -15,14 +15,14 @@ import shutil
 import mindspore as ms
 import numpy as np
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 from safetensors.torch import load_file, save_file
 
+from hf_fixtures import build_hf_model, save_hf_model
+from migrate.cli import main
 from migrate.judge import metrics as M
 from migrate.judge.checks import judge
 from migrate.judge.metrics import logits_metrics, tensor_metrics
 from migrate.judge.report import Report
-from migrate.cli import main
 
 MS_DOWN = "model.layers.1.feed_forward.w2.weight"
 HF_DOWN = "model.layers.1.mlp.down_proj.weight"

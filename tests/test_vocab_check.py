@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-from hf_fixtures import build_hf_model, save_hf_model
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus

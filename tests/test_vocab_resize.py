@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 from migrate.align.runner import run_diff
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
@@ -19,6 +18,7 @@ from migrate.parallel.layout import Layout, validate
 from migrate.train.config import ScheduleConfig
 from migrate.train.trainer import train
 from migrate.vocab.resize import resize_vocab
+from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 EMB, HEAD = "model.tok_embeddings.embedding_weight", "lm_head.weight"
 NEW = VOCAB + 16
@@ -69,7 +69,7 @@ def test_resized_model_trains_like_the_golden(run_dir):
     train(cfg, run_dir / "ms_run_r", progress=False)
     g, m = metrics(run_dir / "golden_r"), metrics(run_dir / "ms_run_r")
     assert [r["step"] for r in m] == [1, 2, 3]
-    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m)) <= 1e-5
+    assert max(rel(a["loss"], b["loss"]) for a, b in zip(g, m, strict=True)) <= 1e-5
 
 
 def test_mean_init_and_padding_for_tensor_parallel(run_dir):

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 from hf_fixtures import build_hf_model, save_hf_model
-
 from migrate.convert import convert
 from migrate.data.corpus import train_bpe_tokenizer, write_stdlib_corpus
 from migrate.data.tokenize import tokenize_corpus

@@ -10,9 +10,9 @@ no migrate command makes; `check` adds claims on the outputs beyond the exit cod
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import inputs
 from .measure import Measured

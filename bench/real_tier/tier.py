@@ -6,9 +6,9 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import prepare
 from .measure import Measured, child_env, run_measured
@@ -44,7 +44,7 @@ class Tier:
         self.started = time.perf_counter()
 
     # ------------------------------------------------------------ preparation
-    def start(self) -> "Tier":
+    def start(self) -> Tier:
         """A fresh work folder, and the prepared HF folders (built only when missing)."""
         self.ws.fresh()
         for model in prepare.MODELS:

@@ -24,12 +24,12 @@ class Workspace:
     work: Path    # this run's outputs
 
     @classmethod
-    def default(cls) -> "Workspace":
+    def default(cls) -> Workspace:
         cache = Path(os.environ.get("MIGRATE_REAL_CACHE", REPO / ".cache" / "real-models"))
         site = Path(os.environ.get("MIGRATE_REAL_SITE", REPO / ".venv-real" / "site"))
         return cls(cache.resolve(), site.resolve(), (cache / "work").resolve())
 
-    def fresh(self) -> "Workspace":
+    def fresh(self) -> Workspace:
         """Empty the work folder: a run never reads a previous run's outputs."""
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from migrate.lora.cells import attach_lora
 from migrate.lora.targets import Site
 from migrate.lora.transfer import Adapter, base_plan, fit_to_base, open_adapter
-from migrate.lora.cells import attach_lora
 
 
 def load_adapter(path: str | Path, ms_dir: Path, trust: bool = False) -> tuple[Adapter, list[Site], dict]:

@@ -12,8 +12,8 @@ the model carries. Sources: ../shared/PITFALLS.md.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mindspore as ms
 import numpy as np

@@ -47,7 +47,7 @@ class MSSide:
 
         loss, grads = ms.value_and_grad(loss_fn, None, params)(ids, mask, labels)
         self._grads = grads
-        return float(loss.asnumpy()), {p.name: _as_numpy(g) for p, g in zip(params, grads)}
+        return float(loss.asnumpy()), {p.name: _as_numpy(g) for p, g in zip(params, grads, strict=True)}
 
     def parameter_names(self) -> list[str]:
         return [p.name for p in self.model.trainable_params()]
@@ -57,7 +57,7 @@ class MSSide:
         gradients, float32, by name: what `align.optimizer_reference` steps with torch's AdamW."""
         params = self.model.trainable_params()
         return ({p.name: _as_numpy(p) for p in params},
-                {p.name: _as_numpy(g) for p, g in zip(params, self._grads)})
+                {p.name: _as_numpy(g) for p, g in zip(params, self._grads, strict=True)})
 
     def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
         """One AdamW step on fp32 master copies fed this side's gradients (mixed precision's recipe,

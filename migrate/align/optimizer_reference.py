@@ -21,4 +21,4 @@ def torch_adamw_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray]
         master.grad = torch.from_numpy(np.asarray(grads[name])).to(dtype)
         masters.append(master)
     torch.optim.AdamW(masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay).step()
-    return {name: m.detach().numpy() for name, m in zip(names, masters)}
+    return {name: m.detach().numpy() for name, m in zip(names, masters, strict=True)}

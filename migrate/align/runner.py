@@ -12,22 +12,22 @@ import numpy as np
 import torch
 
 from migrate.align.adapters import attach_to_hf, attach_to_ms, load_adapter
-from migrate.align.model_faults import check_fault, parse_fault
 from migrate.align.hf_side import HFSide
-from migrate.probe.inputs import Inputs, decode, seeded_inputs, text_inputs
-from migrate.probe.live import paired_forward
-from migrate.probe.sides import Side, bundled_align
+from migrate.align.model_faults import check_fault, parse_fault
 from migrate.align.ms_side import MSSide
 from migrate.align.optimizer_reference import torch_adamw_step
+from migrate.dtype_names import PRECISIONS
+from migrate.errors import MigrateError
 from migrate.judge.noise import TWIN
 from migrate.judge.report import Report
 from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.judge.twin import REFERENCES, float64_in_place, twin_refused
-from migrate.models.conversion_plan import ConversionPlan
-from migrate.dtype_names import PRECISIONS
-from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.mode import execution_mode
+from migrate.probe.inputs import Inputs, decode, seeded_inputs, text_inputs
+from migrate.probe.live import paired_forward
+from migrate.probe.sides import Side, bundled_align
 
 ADAMW = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 

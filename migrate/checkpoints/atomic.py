@@ -19,9 +19,9 @@ import secrets
 import shutil
 import socket
 import stat
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
 
 from migrate import signals
 from migrate.checkpoints.output_guard import check_output, output_path, write_marker

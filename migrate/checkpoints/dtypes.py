@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from ml_dtypes import bfloat16
 
-from migrate.errors import MigrateError
 from migrate.dtype_names import PRECISIONS
+from migrate.errors import MigrateError
 
 # safetensors dtype string <-> numpy dtype
 SAFETENSORS_TO_NUMPY = {

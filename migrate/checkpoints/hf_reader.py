@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints import pages  # a module, so a test can swap drop_pages for a no-op
 from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_dtype_name, torch_to_numpy
 from migrate.checkpoints.model_folder import ModelFolder
-from migrate.checkpoints import pages  # a module, so a test can swap drop_pages for a no-op
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
 
@@ -66,7 +66,7 @@ class HFCheckpoint:
         self._loaders = loaders  # file -> object with read_into(name, start, out)
         self._stored: dict[str, str] = {}  # name shown -> name in the file, where they differ
 
-    def add_prefix_if_absent(self, prefix: str | None) -> "HFCheckpoint":
+    def add_prefix_if_absent(self, prefix: str | None) -> HFCheckpoint:
         """Show a checkpoint saved from the base model alone (GPT-2's hub files: `h.0.attn...`,
         no `transformer.`) under the full model's names, as transformers loads it; unchanged
         without a prefix or when any name already carries it."""

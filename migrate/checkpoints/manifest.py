@@ -62,7 +62,7 @@ def sha256_files(folder: Path, names) -> dict[str, str]:
             return hashlib.file_digest(fh, ALGORITHM).hexdigest()
 
     with ThreadPoolExecutor(workers) as pool:
-        return dict(zip(names, pool.map(digest, names)))
+        return dict(zip(names, pool.map(digest, names), strict=True))
 
 
 def write_manifest(folder: str | Path) -> dict:

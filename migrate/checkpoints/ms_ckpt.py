@@ -19,7 +19,7 @@ from __future__ import annotations
 import binascii
 import math
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class CkptWriter:
         self._open: _TensorStream | None = None
         self.bytes_written = 0
 
-    def open_tensor(self, name: str, dtype, shape) -> "_TensorStream":
+    def open_tensor(self, name: str, dtype, shape) -> _TensorStream:
         if self._file is None:
             raise MigrateError(f"{self.path}: write after close")
         if self._open is not None:
@@ -399,7 +399,7 @@ def read_ckpt_specs(path) -> list[tuple[str, str, tuple[int, ...]]]:
             expected = math.prod(shape) * dtype.itemsize if dtype is not None else length
             specs.append((tag, ms_type, shape))
             sizes.append([length, expected])
-        for (name, _, _), (got, expected) in zip(specs, sizes):
+        for (name, _, _), (got, expected) in zip(specs, sizes, strict=True):
             if got != expected:
                 raise records.fail(f"tensor {name} has {got} of {expected} bytes")
     finally:

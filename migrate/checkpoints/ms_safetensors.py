@@ -53,7 +53,7 @@ class SafetensorsWriter:
         self._file = open(self.path, "wb")
         self._file.write(struct.pack("<Q", len(blob)) + blob)
 
-    def open_tensor(self, name: str, dtype, shape) -> "_SlotStream":
+    def open_tensor(self, name: str, dtype, shape) -> _SlotStream:
         """Stream the next tensor's bytes in chunks of any size (see `write`)."""
         if self._file is None:
             raise MigrateError(f"{self.path}: write after close")

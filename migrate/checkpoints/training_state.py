@@ -16,7 +16,7 @@ Names, from MindFormers 2.0.0's source and a checkpoint its trainer wrote here:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 STATE_PREFIXES = ("adam_m.", "adam_v.", "exp_avg.", "exp_avg_sq.", "max_exp_avg_sq.", "accu_grads.")
 FACTORED_PREFIXES = ("exp_avg_sq_row_", "exp_avg_sq_col_", "exp_avg_insta_row_", "exp_avg_insta_col_",

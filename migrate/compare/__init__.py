@@ -30,8 +30,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from migrate.judge import Check
-from migrate.judge.jsonfile import write_json as _write_json
 from migrate.compare.metrics_log import Run, read_metrics
 from migrate.compare.plot import render_plot, write_plot
 from migrate.compare.readers import read_run
@@ -39,6 +37,8 @@ from migrate.compare.result import SCHEMA_VERSION, CompareResult
 from migrate.compare.runs import compare_runs
 from migrate.compare.terminal import print_summary
 from migrate.compare.tolerances import Tolerances
+from migrate.judge import Check
+from migrate.judge.jsonfile import write_json as _write_json
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -26,11 +26,11 @@ import math
 
 import numpy as np
 
-from migrate.judge import Check, fmt_figure
 from migrate.compare.metrics_log import Run
 from migrate.compare.result import CompareResult
 from migrate.compare.stats import at_steps, first_over, nanmean, rel_diff, running_mean
 from migrate.compare.tolerances import Tolerances
+from migrate.judge import Check, fmt_figure
 
 __all__ = ["clip_check"]
 

@@ -5,11 +5,11 @@ import math
 
 import numpy as np
 
-from migrate.judge import Check, fmt_figure
-from migrate.dtype_names import PRECISIONS
 from migrate.compare.result import CompareResult
 from migrate.compare.stats import nanmax
 from migrate.compare.tolerances import Tolerances
+from migrate.dtype_names import PRECISIONS
+from migrate.judge import Check, fmt_figure
 
 __all__ = ["drift_check"]
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from migrate.dtype_names import spelled
 from migrate.errors import MigrateError
 from migrate.judge import short
-from migrate.dtype_names import spelled
 
 FILE = "effective_hparams.json"
 REL = 1e-12
@@ -231,7 +232,7 @@ def _equal(a: Any, b: Any) -> bool:
             return math.isnan(a) and math.isnan(b)
         return a == b or abs(a - b) <= REL * max(abs(a), abs(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
     return a == b
@@ -241,7 +242,7 @@ def _row(knob: str, g: Any, m: Any) -> KnobRow:
     if knob == "lr" and isinstance(g, list) and isinstance(m, list):
         if len(g) != len(m):
             return KnobRow(knob, f"{len(g)} steps", f"{len(m)} steps", False, "schedules of different length")
-        for i, (a, b) in enumerate(zip(g, m)):
+        for i, (a, b) in enumerate(zip(g, m, strict=True)):
             if not _equal(a, b):
                 return KnobRow(knob, a, b, False, f"first differs at optimizer step {i + 1}")
         return KnobRow(knob, f"{len(g)} steps", f"{len(m)} steps", True)

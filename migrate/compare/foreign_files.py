@@ -14,11 +14,11 @@ import json
 import math
 from pathlib import Path
 
-from migrate.errors import MigrateError
 from migrate.compare.foreign_run import Rows
 from migrate.compare.foreign_text import MEGATRON, MINDFORMERS
 from migrate.compare.log_formats import FP32_HALF_ULP, LogFormat, log_format, printed_resolution
 from migrate.compare.metrics_log import Run
+from migrate.errors import MigrateError
 
 __all__ = ["HF_TRAINER", "TENSORBOARD", "TB_DIALECTS", "read_hf_trainer_state", "read_tensorboard", "tensorboard_files"]
 
@@ -144,14 +144,13 @@ def read_tensorboard(path: Path, role: str) -> Run:
     tags = set(acc.Tags().get("scalars", []))
     if not tags:
         raise MigrateError(f"{path}: no TensorBoard scalars in it (an empty or damaged event file?)")
-    for name, (fmt, mapping) in TB_DIALECTS.items():
-        if mapping["loss"] in tags and mapping["lr"] in tags:
-            break
-    else:
+    name = next((n for n, (_, m) in TB_DIALECTS.items() if m["loss"] in tags and m["lr"] in tags), None)
+    if name is None:
         known = "; ".join(f"{n}: {m['loss']!r} + {m['lr']!r}" for n, (_, m) in TB_DIALECTS.items())
         shown = ", ".join(sorted(tags)[:8]) or "none"
         raise MigrateError(f"{path}: TensorBoard scalars of an unknown producer (tags: {shown}); "
                            f"compare reads the loss and lr tags of {known}")
+    fmt, mapping = TB_DIALECTS[name]
     rows = Rows(path, f"tensorboard:{name}")
     per_step: dict[int, dict[str, float]] = {}
     for column, tag in mapping.items():

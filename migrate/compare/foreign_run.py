@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.errors import MigrateError
 from migrate.compare.metrics_log import Run
+from migrate.errors import MigrateError
 
 __all__ = ["Rows", "number"]
 

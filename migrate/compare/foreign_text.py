@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from migrate.errors import MigrateError
 from migrate.compare.foreign_run import Rows, number
 from migrate.compare.log_formats import LogFormat, log_format, printed_resolution
 from migrate.compare.metrics_log import Run
+from migrate.errors import MigrateError
 
 __all__ = ["MEGATRON", "MINDFORMERS", "MEGATRON_LINE", "MINDFORMERS_LINE", "read_megatron", "read_mindformers"]
 
@@ -98,7 +98,7 @@ def read_megatron(path: Path, role: str) -> Run:
 
 def _log_interval(steps: list[int]) -> int | None:
     """Megatron's log_interval: the most common gap between logged iterations."""
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
     return max(set(gaps), key=gaps.count) if gaps else None
 
 

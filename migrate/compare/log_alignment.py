@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.errors import MigrateError
-from migrate.judge import fmt_figure
 from migrate.compare.foreign_files import TB_DIALECTS
 from migrate.compare.log_formats import LogFormat
-from migrate.compare.readers import FORMATS
 from migrate.compare.metrics_log import Run
+from migrate.compare.readers import FORMATS
 from migrate.compare.tolerances import Tolerances
+from migrate.errors import MigrateError
+from migrate.judge import fmt_figure
 
 __all__ = ["describe", "align_runs", "first_window", "mask_unlogged", "resolution_bounds", "torch_clip_golden",
            "format_of"]
@@ -87,7 +87,7 @@ def _average_over(avg: Run, dense: Run, labels: tuple[str, str], notes: list[str
     loss = dense.loss.copy()
     skipped = dense.skipped if dense.skipped is not None else np.zeros(len(dense), bool)
     averaged = 0
-    for step, width in zip(avg.steps, _windows(avg)):
+    for step, width in zip(avg.steps, _windows(avg), strict=True):
         step, width = int(step), int(width)
         if width <= 1 or step not in index:
             continue
@@ -156,8 +156,8 @@ def align_runs(golden: Run, ms: Run, notes: list[str]) -> tuple[Run, Run]:
             continue
         if (_windows(d) > 1).any():
             common = np.intersect1d(a.steps, d.steps)
-            wa = dict(zip(a.steps.tolist(), _windows(a).tolist()))
-            wd = dict(zip(d.steps.tolist(), _windows(d).tolist()))
+            wa = dict(zip(a.steps.tolist(), _windows(a).tolist(), strict=True))
+            wd = dict(zip(d.steps.tolist(), _windows(d).tolist(), strict=True))
             bad = [int(s) for s in common if wa[int(s)] != wd[int(s)]]
             if bad:
                 raise MigrateError(f"both logs average the loss, over different steps (at step {bad[0]}: golden "

@@ -23,10 +23,11 @@ that resolution to each bound a rounded value enters, and says so in its notes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from migrate.errors import MigrateError
 

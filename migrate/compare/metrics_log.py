@@ -150,7 +150,7 @@ def read_metrics(path: Any, role: str = "metrics") -> Run:
     if not rows:
         raise MigrateError(f"{p}: no metrics lines ({role} run)")
     steps = np.array(sorted(rows), dtype=np.int64)
-    cols = list(zip(*(rows[s] for s in steps)))
+    cols = list(zip(*(rows[s] for s in steps), strict=True))
 
     def col(i, dtype=float):
         return np.array(cols[i], dtype=dtype)

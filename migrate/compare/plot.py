@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from migrate.compare.result import CompareResult
 from migrate.judge import short
 from migrate.judge.plot import FAIL_COLOR, figure, mark_failures, png_bytes, write_png
-from migrate.compare.result import CompareResult
 
 __all__ = ["render_plot", "write_plot"]
 

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from migrate.errors import MigrateError
-from migrate.judge import fmt_figure
 from migrate.compare.metrics_log import Run
 from migrate.compare.tolerances import Tolerances
+from migrate.errors import MigrateError
+from migrate.judge import fmt_figure
 
 __all__ = ["REFERENCE_FIELDS", "DEPTH_UNIT", "SCALED", "FirstStepScale", "read_reference", "recorded_layers",
            "first_step_scale", "scaled_bounds"]

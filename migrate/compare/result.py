@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from migrate.compare.tolerances import Tolerances
 from migrate.jsonsafe import jsonable
 from migrate.judge import Check, Verdict, fmt_figure
-from migrate.compare.tolerances import Tolerances
 
 __all__ = ["SCHEMA_VERSION", "CHECK_ORDER", "CompareResult"]
 

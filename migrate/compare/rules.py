@@ -121,7 +121,7 @@ import math
 
 import numpy as np
 
-from migrate.judge import Check, fmt_figure
+from migrate.compare.effective_hparams import HparamsCheck
 from migrate.compare.metrics_log import Run
 from migrate.compare.result import CompareResult
 from migrate.compare.stats import (
@@ -134,7 +134,7 @@ from migrate.compare.stats import (
     rel_diff,
     running_mean,
 )
-from migrate.compare.effective_hparams import HparamsCheck
+from migrate.judge import Check, fmt_figure
 
 __all__ = ["hparams_rule", "coverage_rule", "agreement_rules", "measure_noise", "band_factor", "loss_rules",
            "lr_rule", "grad_rules", "noise_notes"]

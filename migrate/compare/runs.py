@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from migrate.errors import MigrateError
-from migrate.dtype_names import canonical_dtype
 from migrate.compare.clip import clip_check
 from migrate.compare.drift import drift_check
+from migrate.compare.effective_hparams import cross_check
 from migrate.compare.log_alignment import (
     align_runs,
     describe,
@@ -37,7 +37,8 @@ from migrate.compare.rules import (
 )
 from migrate.compare.stats import at_steps, rel_diff, trailing_mean
 from migrate.compare.tolerances import Tolerances
-from migrate.compare.effective_hparams import cross_check
+from migrate.dtype_names import canonical_dtype
+from migrate.errors import MigrateError
 
 __all__ = ["compare_runs"]
 

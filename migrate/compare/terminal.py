@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from migrate.compare.result import CompareResult
 from migrate.judge import Column, Table, fmt_figure, short
 from migrate.judge.table import FAIL, FIRST, NOT_JUDGED, OK
 from migrate.judge.terminal import FAIL_STYLE, NOTE_STYLE, print_judged
-from migrate.compare.result import CompareResult
 
 __all__ = ["print_summary"]
 

@@ -40,9 +40,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from migrate.dtype_names import PRECISIONS, canonical_dtype
 from migrate.errors import MigrateError
 from migrate.judge.tolerances import AT_LEAST_0, validated
-from migrate.dtype_names import PRECISIONS, canonical_dtype
 
 __all__ = ["Tolerances"]
 
@@ -76,7 +76,7 @@ class Tolerances:
     reference_k: float = 4.0     # bounds at least this x the golden's own step-1 error vs float64 (`reference`)
 
     @classmethod
-    def for_dtype(cls, dtype: str) -> "Tolerances":
+    def for_dtype(cls, dtype: str) -> Tolerances:
         dt = canonical_dtype(dtype)
         if dt == "fp32":
             return cls("fp32")
@@ -88,7 +88,7 @@ class Tolerances:
         precision = PRECISIONS.get(self.dtype)
         return precision is not None and precision.low
 
-    def with_overrides(self, **values: Any) -> "Tolerances":
+    def with_overrides(self, **values: Any) -> Tolerances:
         """A copy with the given bounds replaced; None values are ignored."""
         given = validated("tolerance", values, _ALLOWED)
         for name in ("window", "drift_window"):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.errors import MigrateError

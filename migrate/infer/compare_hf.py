@@ -24,17 +24,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from migrate.judge.checks import tensor_checks
-from migrate.judge.metrics import generation_metrics, logits_metrics
-from migrate.judge.noise import noise_figures, tie_margin
-from migrate.judge.thresholds import Thresholds
-from migrate.judge.twin import float64_in_place, twin_refused
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.infer.batch import Batch
 from migrate.infer.generate import Generation
 from migrate.infer.sampling import Sampling, softmax
+from migrate.judge.checks import tensor_checks
 from migrate.judge.fmt import fmt_num
+from migrate.judge.metrics import generation_metrics, logits_metrics
+from migrate.judge.noise import noise_figures, tie_margin
+from migrate.judge.thresholds import Thresholds
+from migrate.judge.twin import float64_in_place, twin_refused
 from migrate.judge.verdict import Check, Verdict
 
 ORDER = ("error", "match", "finite", "support", "max_abs", "cosine", "top1", "kl", "probs")
@@ -111,8 +111,12 @@ def hf_generate(model, batch: Batch, steps: int, sampling: Sampling, stop_ids, p
 
 def hf_processed(hf_logits: list[np.ndarray], sequences: np.ndarray, prompt_len: int, sampling: Sampling):
     """HF's processors (its classes, generate's order) on HF's logits along `sequences`."""
-    from transformers import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
-                              TopPLogitsWarper)
+    from transformers import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     procs = []
     if sampling.repetition_penalty != 1:

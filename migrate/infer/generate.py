@@ -12,8 +12,8 @@ step's raw logits (fp32, what HF's `output_logits` returns) when asked, and the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class Generation:
     def steps(self) -> int:
         return self.tokens.shape[1]
 
-    def rows(self, n: int, stop_ids=()) -> "Generation":
+    def rows(self, n: int, stop_ids=()) -> Generation:
         """The first n rows only (the others filled a static batch), without the steps after
         all of them stopped, as HF would have ended there."""
         tokens = self.tokens[:n]

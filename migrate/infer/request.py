@@ -8,9 +8,9 @@ the HF side (torch) are imported when used, so bad input is refused before eithe
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -6,8 +6,8 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from migrate.errors import MigrateError
 

@@ -22,8 +22,9 @@ worked example). Nothing here imports a framework or `metrics`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from migrate.judge.fmt import fmt_cosine, fmt_num, fmt_share
 from migrate.judge.tolerances import AT_LEAST_0, Range

@@ -9,7 +9,8 @@ report's NaN/Inf section).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from migrate.judge.bounds import METRICS
 from migrate.judge.thresholds import Thresholds

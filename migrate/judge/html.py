@@ -3,7 +3,7 @@ failure white on red) and key / value tables."""
 from __future__ import annotations
 
 import html
-from typing import Iterable
+from collections.abc import Iterable
 
 from migrate.judge.table import FAIL, FIRST, Table
 
@@ -42,7 +42,7 @@ def table(t: Table) -> list[str]:
     out.append("</tr>")
     for row in t.rows:
         out.append(f'<tr class="{_ROW_CLASS.get(row.state, "")}">')
-        out += [f'<td class="{klass(c)}">{esc(text)}</td>' for c, text in zip(t.columns, row.cells)]
+        out += [f'<td class="{klass(c)}">{esc(text)}</td>' for c, text in zip(t.columns, row.cells, strict=True)]
         out.append("</tr>")
     out.append("</table>")
     return out

@@ -1,7 +1,7 @@
 """The Markdown renderer: judged tables (failed rows in bold) and key / value tables."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from migrate.judge.table import Table
 

@@ -21,10 +21,11 @@ Everything here is numpy: the twins themselves live with their sides (`hf_side`,
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from migrate.judge.metrics import logits_metrics, tensor_metrics
 from migrate.dtype_names import PRECISIONS
+from migrate.judge.metrics import logits_metrics, tensor_metrics
 
 __all__ = ["TWIN", "noise_figures", "error_figures", "error_ratio", "tie_margin"]
 

@@ -5,7 +5,8 @@ bold green or bold red. Both `migrate diff` and `migrate compare` print through 
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table as RichTable

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from migrate.dtype_names import canonical_dtype
 from migrate.errors import MigrateError
@@ -102,7 +103,7 @@ class Thresholds:
                 object.__setattr__(self, kind, Bounds(**value))
 
     @classmethod
-    def for_dtype(cls, dtype: Any) -> "Thresholds":
+    def for_dtype(cls, dtype: Any) -> Thresholds:
         return cls(dtype)
 
     def bounds(self, kind: str) -> Bounds:
@@ -110,7 +111,7 @@ class Thresholds:
             raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
         return getattr(self, kind)
 
-    def with_overrides(self, kind: str | None = None, **values: float | None) -> "Thresholds":
+    def with_overrides(self, kind: str | None = None, **values: float | None) -> Thresholds:
         """A copy with some bounds replaced (values that are None are left alone).
 
         ``kind=None`` applies each value to every kind it makes sense for
@@ -146,7 +147,7 @@ class Thresholds:
                 changes[k] = dataclasses.replace(current, fixed=frozenset(fixed), **fields)
         return dataclasses.replace(self, **changes)
 
-    def scaled(self, factor: float) -> "Thresholds":
+    def scaled(self, factor: float) -> Thresholds:
         """The documented fallback where no noise reference was measured: every max-abs bound
         (absolute and peak-relative) times `factor` (`fallback_factor`), user-set ones kept."""
         changes = {}
@@ -159,7 +160,7 @@ class Thresholds:
                 max_abs_rel=None if b.max_abs_rel is None else b.max_abs_rel * factor)
         return dataclasses.replace(self, **changes)
 
-    def with_cli_overrides(self, specs: Iterable[str]) -> "Thresholds":
+    def with_cli_overrides(self, specs: Iterable[str]) -> Thresholds:
         """Apply ``NAME=VALUE`` or ``KIND.NAME=VALUE`` strings, e.g. ``cosine=0.9999``,
         ``logits.top1=0.98``, ``grad.max-abs=1e-6``. Bad specs are a MigrateError."""
         out = self
@@ -171,7 +172,7 @@ class Thresholds:
         return {"dtype": self.dtype, **{k: getattr(self, k).to_dict() for k in KINDS}}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Thresholds":
+    def from_dict(cls, data: Mapping[str, Any]) -> Thresholds:
         def bounds(d: Mapping[str, Any]) -> Bounds:
             d = dict(d)
             d["fixed"] = frozenset(d.get("fixed") or ())

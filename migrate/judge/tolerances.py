@@ -10,7 +10,8 @@ one line naming it, never a silently ignored value.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from migrate.errors import MigrateError
 

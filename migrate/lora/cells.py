@@ -37,8 +37,9 @@ class LoraKernel(Kernel):
         # PEFT adds the update to the base layer's own output, which HF holds in the low dtype: where
         # the owning cell emulates that rounding (its matmul_out site), the base result is rounded first.
         self.round_to = round_to
-        a = [Parameter(Tensor(np.asarray(x, np.float32)), name=s.ms_names[0]) for s, (x, _) in zip(sites, adapters)]
-        b = [Parameter(Tensor(np.asarray(y, np.float32)), name=s.ms_names[1]) for s, (_, y) in zip(sites, adapters)]
+        pairs = list(zip(sites, adapters, strict=True))
+        a = [Parameter(Tensor(np.asarray(x, np.float32)), name=s.ms_names[0]) for s, (x, _) in pairs]
+        b = [Parameter(Tensor(np.asarray(y, np.float32)), name=s.ms_names[1]) for s, (_, y) in pairs]
         self.lora_a = ParameterTuple(a)
         self.lora_b = ParameterTuple(b)
         self.names = tuple(s.ms_names for s in sites)
@@ -80,7 +81,7 @@ def lora_kernels(model) -> list[tuple[str, LoraKernel]]:
 def adapter_parameters(model) -> list[Parameter]:
     out = []
     for _, kernel in lora_kernels(model):
-        for a, b in zip(kernel.lora_a, kernel.lora_b):
+        for a, b in zip(kernel.lora_a, kernel.lora_b, strict=True):
             out += [a, b]
     return out
 
@@ -104,5 +105,5 @@ def attach_lora(model, sites: list[Site], spec: LoraSpec, adapters: dict[str, tu
         round_to = cell.low if "matmul_out" in cell.round_at else None
         cell.kernel = LoraKernel(cell.kernel, group, [adapters[s.hf_module] for s in group], spec, rows, round_to)
         # Assigning a cell prefixes its ParameterTuples' names with the attribute: name them after.
-        for a, b, (name_a, name_b) in zip(cell.kernel.lora_a, cell.kernel.lora_b, cell.kernel.names):
+        for a, b, (name_a, name_b) in zip(cell.kernel.lora_a, cell.kernel.lora_b, cell.kernel.names, strict=True):
             a.name, b.name = name_a, name_b

@@ -15,14 +15,21 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import Keymap, recorded_keymap
 from migrate.lora.spec import ALL_LINEAR, LoraSpec
 from migrate.lora.targets import Site, resolve_targets
+from migrate.memory_plan import (
+    DEVICE,
+    DTYPE_BYTES,
+    GiB,
+    MemoryEstimate,
+    MemoryProfile,
+    estimate_memory,
+    state_bytes_per_param,
+)
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.parallel.layout import Layout
-from migrate.memory_plan import (DEVICE, DTYPE_BYTES, GiB, MemoryEstimate, MemoryProfile, estimate_memory,
-                          state_bytes_per_param)
 
 ADAPTER_BYTES = (4, 4, 8)  # fp32 weight, fp32 gradient, two fp32 moments (the weight is its own master)
 _LAYER = re.compile(r"\.layers\.(\d+)\.")

@@ -76,7 +76,7 @@ class LoraSpec:
                                     "set use_dora: false"))
         return out
 
-    def normalised(self) -> "LoraSpec":
+    def normalised(self) -> LoraSpec:
         """The spec with all-linear spelled one way and alpha a float."""
         targets = ALL_LINEAR if self.all_linear else list(self.target_modules)
         return LoraSpec(self.rank, float(self.alpha), float(self.dropout), targets, self.use_rslora, self.use_dora)

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.lora.spec import LoraSpec
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.transforms import get_layout
 
 PEFT_PREFIX = "base_model.model."
@@ -100,7 +100,7 @@ def linear_sites(plan: ConversionPlan) -> dict[str, Site]:
             continue
         shapes = tuple(tuple(s) for s in group.transform().in_shapes([expected[dst]], plan.fields))
         parts = tuple(s.removesuffix(".weight") for s in group.src)
-        for i, (module, shape) in enumerate(zip(parts, shapes)):
+        for i, (module, shape) in enumerate(zip(parts, shapes, strict=True)):
             sites[module] = Site(module, cell, shape[1], shape[0], i, parts, shapes, group.layout, dst)
     return sites
 

@@ -27,13 +27,13 @@ from migrate.checkpoints.integrity import verify_checkpoint
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import recorded_keymap, resolve
 from migrate.lora.peft_files import is_peft_adapter, read_peft_adapter, write_peft_adapter
 from migrate.lora.record import ADAPTER_FILE, LORA_FILE, adapter_record, read_record, spec_of
 from migrate.lora.spec import LoraSpec
 from migrate.lora.targets import Site, base_fingerprint, hf_weights_of, linear_sites
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import load_model_config
 from migrate.sidecar import copy_sidecars
 from migrate.transforms import get_layout

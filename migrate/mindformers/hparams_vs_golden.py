@@ -24,17 +24,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.data.samples import read_meta
 from migrate.errors import MigrateError
 from migrate.keymap import recorded_keymap, resolve
-from migrate.models.registry import load_model_config
-from migrate.safeyaml import load_yaml
 from migrate.mindformers import schedule as mf_schedule
-from migrate.train.config import RunConfig
-from migrate.train.hparams import HparamRow, HparamsReport, _set_row, format_report, golden_knobs
 from migrate.mindformers.fields import LLAMA_DEFAULTS
 from migrate.mindformers.model import model_section
+from migrate.models.conversion_plan import ConversionPlan
+from migrate.models.registry import load_model_config
+from migrate.safeyaml import load_yaml
+from migrate.train.config import RunConfig
+from migrate.train.hparams import HparamRow, HparamsReport, _set_row, format_report, golden_knobs
 
 SEMI = ("semi_auto_parallel", "auto_parallel")
 MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
@@ -170,7 +170,7 @@ def _golden_floor(cfg: RunConfig) -> float | None:
 
 
 def _lr_row(golden: list[float], mf: list[float]) -> HparamRow:
-    for i, (g, m) in enumerate(zip(golden, mf)):
+    for i, (g, m) in enumerate(zip(golden, mf, strict=True)):
         if abs(g - m) > 1e-9 * max(abs(g), abs(m), 1e-300):
             return HparamRow("lr", g, m, False, f"first differs at optimizer step {i + 1}")
     return HparamRow("lr", f"{len(golden)} steps", f"{len(mf)} steps", True,
@@ -207,7 +207,8 @@ def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path, *, trust: bool = Fals
                       "no bias correction")]
     for knob in ("betas", "eps", "weight_decay", "bias_correction"):
         rows.append(HparamRow(knob, g[knob], m[knob], _same(g[knob], m[knob]) if knob != "betas" else
-                              all(_same(a, b) for a, b in zip(g[knob], m[knob]))))
+                              len(g[knob]) == len(m[knob])
+                              and all(_same(a, b) for a, b in zip(g[knob], m[knob], strict=True))))
     config = load_model_config(cfg.require("ms_model"), trust)
     config.qkv_concat = bool(m["model"].get("qkv_concat"))
     km = resolve(recorded_keymap(cfg.ms_model)).with_target("qkv_concat" if config.qkv_concat else None)

@@ -26,14 +26,14 @@ from migrate.dtype_names import spelled
 from migrate.errors import MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
 from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
+from migrate.memory_plan import estimate_memory
+from migrate.mindformers import training as mf_train
+from migrate.mindformers.fields import check_run_yaml
+from migrate.mindformers.model import check_expressible, model_section
 from migrate.models.config import LlamaConfig
 from migrate.models.registry import load_model_config
 from migrate.parallel.layout import Layout, validate
-from migrate.memory_plan import estimate_memory
 from migrate.train.config import RunConfig
-from migrate.mindformers.fields import check_run_yaml
-from migrate.mindformers.model import check_expressible, model_section
-from migrate.mindformers import training as mf_train
 
 MARKER = "# written by migrate mindformers-config"
 

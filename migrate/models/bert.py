@@ -45,8 +45,8 @@ from mindspore import mint, nn, ops
 
 from migrate.errors import MigrateError
 from migrate.models.base import MIN_VALUE, Build, ModelCell, hidden_names, name_parameters
-from migrate.models.common import Activation, Embedding, LayerNorm, Linear, masked_lm_loss, padding_mask
 from migrate.models.bert_config import BertConfig  # noqa: F401 (re-exported: mindspore-free for convert)
+from migrate.models.common import Activation, Embedding, LayerNorm, Linear, masked_lm_loss, padding_mask
 
 
 class BertEmbeddings(ModelCell):

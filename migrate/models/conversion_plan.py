@@ -16,8 +16,8 @@ and errors come in the order the consumer asks.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from functools import cached_property
-from typing import Callable
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class ConversionPlan:
 
     @classmethod
     def for_source(cls, keymap: Keymap, ms_fields: dict, model: str | None = None,
-                   trust: bool = False) -> "ConversionPlan":
+                   trust: bool = False) -> ConversionPlan:
         """The plan for the model `keymap` converts to (or `model`, a `module:Class`), its config
         recording the class and the keymap target the checkpoint is written for."""
         model = model or keymap.target
@@ -116,5 +116,5 @@ class ConversionPlan:
             arrays = [hf_arrays[s] for s in group.src]
             if group.layout is not None:
                 arrays = group.transform().forward(arrays, self.fields)
-            out.update(zip(group.dst, arrays))
+            out.update(zip(group.dst, arrays, strict=True))
         return out

@@ -13,9 +13,9 @@ from pathlib import Path
 import mindspore as ms
 
 from migrate.checkpoints.ms_reader import checkpoint_files, open_ms_checkpoint
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.keymap import TARGET_FIELD, recorded_keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import build_model, lazy_parameters, load_model_config
 
 

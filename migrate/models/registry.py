@@ -26,10 +26,11 @@ from __future__ import annotations
 import importlib
 import math
 import warnings
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from migrate.errors import MigrateError
 from migrate.keymap import MODEL_CLASS_FIELD, bundled_targets

@@ -257,7 +257,7 @@ def per_device_params(model) -> int:
     splits = param_splits(model)
     for name, param in model.parameters_and_names():
         count = 1
-        for dim, ways in zip(param.shape, splits[name]):
+        for dim, ways in zip(param.shape, splits[name], strict=True):
             count *= dim // ways
         total += count
     return total

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.probe.inputs import Inputs, seeded_inputs
-from migrate.judge.noise import TWIN
-from migrate.judge.report import Report
-from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.judge import fmt_num
+from migrate.judge.noise import TWIN
+from migrate.judge.report import Report
+from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.probe.dump_format import Dump
 from migrate.probe.dumping import hooks, versions
+from migrate.probe.inputs import Inputs, seeded_inputs
 from migrate.probe.inputs_file import inputs_sha256, read_inputs
 from migrate.probe.pairing import load_mapping, pair
 from migrate.probe.recording import MemoryRecording
@@ -101,7 +101,8 @@ def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: 
     for s in sides:
         if s.side:
             side = s.side
-            noise, s.reference = twin_recording(side, inputs, lambda m: call_model(replace(side, model=m), inputs),
+            noise, s.reference = twin_recording(side, inputs,
+                                                lambda m, side=side: call_model(replace(side, model=m), inputs),
                                                 reference)
             s.recording = MemoryRecording(statistics, None if inputs.mask is None else inputs.valid, noise=noise)
             with hooks(s.side.model, s.recording):
@@ -140,7 +141,7 @@ def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: 
     return report.finalize()
 
 
-def _noise_lookup(ref_side: "_Opened", got_side: "_Opened"):
+def _noise_lookup(ref_side: _Opened, got_side: _Opened):
     """A paired point's noise figures: the reference side's own error vs its float64 twin, or the
     other side's where only that one was measured (the bound is symmetric in the two sides)."""
     def noise_of(p) -> dict | None:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from migrate import __version__
-from migrate.probe.inputs import Inputs, seeded_inputs
 from migrate.checkpoints.atomic import atomic_output_dir, atomic_write_bytes
 from migrate.errors import MigrateError
 from migrate.probe.dump_format import INPUTS, DumpWriter
 from migrate.probe.hooks import framework_of, hooks
+from migrate.probe.inputs import Inputs, seeded_inputs
 from migrate.probe.inputs_file import inputs_bytes, inputs_sha256, read_inputs
 from migrate.probe.sides import Side, call_model, open_side, side_kind
 from migrate.probe.twin import twin_recording
@@ -90,7 +90,7 @@ def record(model, out: str | Path, *, statistics: bool = False, inputs: Inputs |
                             noise=noise)
         with hooks(model, writer, inputs=record_inputs, params=params, grads=grads, include=include) as rec:
             yield rec
-        manifest = {"created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        manifest = {"created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
                     "framework": framework, "versions": versions(framework), "model": model_identity(model, framework),
                     "dtype": dtype, "seed": seed, **(extra or {})}
         if inputs is not None:

@@ -47,5 +47,5 @@ def record_ms(model: ms.nn.Cell, sink, *, inputs: bool = False, params: bool = F
 
 def record_gradients(recorder: Recorder, params, grads) -> None:
     """Record MindSpore gradients (`value_and_grad`'s, in `params`' order) under the parameters' names."""
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         recorder.add(p.name, "grad", g)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.probe.inputs import Inputs
 from migrate.errors import MigrateError
+from migrate.probe.inputs import Inputs
 
 
 def inputs_sha256(inputs: Inputs) -> str:

@@ -76,8 +76,9 @@ class Summary:
 
     def to_dict(self) -> dict:
         return {"methods": self.methods, "layers": self.layers,
-                "paired": [dict(zip(("block", "ref", "got", "confidence", "basis"), p)) for p in self.paired],
-                "submodules": [dict(zip(("ref", "got", "confidence"), p)) for p in self.submodules],
+                "paired": [dict(zip(("block", "ref", "got", "confidence", "basis"), p, strict=True))
+                           for p in self.paired],
+                "submodules": [dict(zip(("ref", "got", "confidence"), p, strict=True)) for p in self.submodules],
                 "unpaired": self.unpaired}
 
 

@@ -14,7 +14,8 @@ streamed). Both sinks, and `dump_format.Dump` read back, answer `records`, `arra
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

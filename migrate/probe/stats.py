@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

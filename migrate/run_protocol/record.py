@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"

@@ -46,7 +46,7 @@ class Position:
     elapsed: float = 0.0
 
     @classmethod
-    def from_state(cls, state: dict) -> "Position":
+    def from_state(cls, state: dict) -> Position:
         return cls(int(state[STEP]), int(state[SCHEDULER_STEP]), int(state[TOKENS]), float(state[ELAPSED]))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 MFU_FORMULA = "flops_per_token * tokens_per_s / peak_flops"
 PROBE_SIZE = 1024

@@ -14,16 +14,16 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_model_config import model_config_from_hf
 from migrate.keymap import MODEL_CLASS_FIELD, Keymap, recorded_keymap
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.loading import load_model
 from migrate.models.registry import DEFAULT_MODEL_CLASS, FAMILIES, build_model, family_of, load_model_config
 from migrate.run_protocol.throughput import PROBE_SIZE, measure_peak
 from migrate.train.config import RunConfig
-from migrate.train.knob_faults import apply_faults, check_faults
 from migrate.train.health.watch import HealthWatch
+from migrate.train.knob_faults import apply_faults, check_faults
 from migrate.train.knobs import TrainingKnobs
 from migrate.train.live_model import autocast_dtype, mindspore_only_record, shared_record
 from migrate.train.lora_run import LoraRun, attach_for_training, lora_param_groups

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from migrate.errors import MigrateError
 from migrate.dtype_names import SPELLINGS
+from migrate.errors import MigrateError
 from migrate.lora.spec import LoraSpec
 from migrate.train.decay import NO_DECAY_RULES
 
@@ -219,7 +219,7 @@ class RunConfig:
 
     # ---------- loading ----------
     @classmethod
-    def load(cls, path: str | Path) -> "RunConfig":
+    def load(cls, path: str | Path) -> RunConfig:
         path = Path(path)
         if not path.is_file():
             raise MigrateError(f"no run config at {path}")
@@ -230,7 +230,7 @@ class RunConfig:
         return cls.from_dict(data, base=path.resolve().parent, source=path)
 
     @classmethod
-    def from_dict(cls, data: Any, base: str | Path = ".", source: str | Path | None = None) -> "RunConfig":
+    def from_dict(cls, data: Any, base: str | Path = ".", source: str | Path | None = None) -> RunConfig:
         where = str(source) if source else "run config"
         if data is None:
             raise MigrateError(f"{where} is empty")
@@ -290,7 +290,7 @@ class RunConfig:
             _require(warmup < self.total_steps, "schedule.warmup_steps",
                      "a linear decay to min_lr needs warmup shorter than total_steps")
 
-    def replace(self, **changes) -> "RunConfig":
+    def replace(self, **changes) -> RunConfig:
         """A copy with top-level fields changed (command-line overrides), validated again."""
         cfg = dataclasses.replace(self, **changes)
         try:
@@ -384,7 +384,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise _Bad(key, f"must be a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise _Bad(key, f"must be a list, got {value!r}")

@@ -15,10 +15,10 @@ its HF pair (through the keymap) does, so both sides agree by construction.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
+from migrate.models.conversion_plan import ConversionPlan
 
 # rule name -> HF Trainer's forbidden-name patterns (searched in the lower-cased name)
 NO_DECAY_RULES: dict[str, tuple[str, ...]] = {

@@ -221,7 +221,7 @@ def _kinds(names: list[str]) -> str:
 def _lr_row(golden: list[float], ms: list[float]) -> HparamRow:
     if len(golden) != len(ms):
         return HparamRow("lr", f"{len(golden)} steps", f"{len(ms)} steps", False, "schedules of different length")
-    for i, (g, m) in enumerate(zip(golden, ms)):
+    for i, (g, m) in enumerate(zip(golden, ms, strict=True)):
         if abs(g - m) > LR_REL * max(abs(g), abs(m), 1e-300):
             return HparamRow("lr", g, m, False, f"first differs at optimizer step {i + 1}")
     return HparamRow("lr", f"{len(golden)} steps", f"{len(ms)} steps", True,
@@ -268,7 +268,7 @@ def lora_names(run) -> dict[str, str]:
     if run is None:
         return {}
     return {peft_parameter_name(s.hf_module, which): name
-            for s in run.sites for which, name in zip("AB", s.ms_names)}
+            for s in run.sites for which, name in zip("AB", s.ms_names, strict=True)}
 
 
 def _lora_rows(g: dict, m: dict) -> list[HparamRow]:

@@ -11,8 +11,8 @@ loss -- on the post-clip gradient norm both sides log
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from migrate.errors import MigrateError
 from migrate.train.knobs import TrainingKnobs

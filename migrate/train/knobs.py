@@ -25,6 +25,6 @@ class TrainingKnobs:
     warmup_shift: int        # optimizer steps added to the configured warmup
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> "TrainingKnobs":
+    def from_config(cls, cfg: RunConfig) -> TrainingKnobs:
         return cls(eps=cfg.optimizer.eps, bias_correction=True, decay_rule="hf",
                    loss_divisor=cfg.grad_accum_steps, clip_eps=TORCH_CLIP_EPS, warmup_shift=0)

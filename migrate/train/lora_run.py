@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
+from migrate.lora.cells import adapter_parameters, attach_lora, lora_kernels
 from migrate.lora.record import adapter_record
 from migrate.lora.spec import LoraSpec
 from migrate.lora.targets import Site, base_fingerprint, hf_weights_of, initial_adapter, resolve_targets
-from migrate.lora.cells import adapter_parameters, attach_lora, lora_kernels
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.train.config import RunConfig
 from migrate.train.decay import hf_name_decays
 
@@ -89,7 +89,7 @@ def lora_param_groups(model, run: LoraRun, cfg: RunConfig, decay_rule: str = "hf
     groups: list[dict] = [{"params": [], "weight_decay": cfg.optimizer.weight_decay},
                           {"params": [], "weight_decay": 0.0}]
     for _, kernel in lora_kernels(model):
-        for module, a, b in zip(kernel.hf_modules, kernel.lora_a, kernel.lora_b):
+        for module, a, b in zip(kernel.hf_modules, kernel.lora_a, kernel.lora_b, strict=True):
             for which, p in (("A", a), ("B", b)):
                 if decay_rule == "mindspore":
                     decays = "beta" not in p.name and "gamma" not in p.name

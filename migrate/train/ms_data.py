@@ -24,8 +24,8 @@ ranks is exactly the global micro-batch, each rank holding micro_batch_size rows
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

@@ -105,7 +105,7 @@ class DynamicLossScaler:
         self.growth_tracker = 0
 
     @classmethod
-    def from_config(cls, ls) -> "DynamicLossScaler":
+    def from_config(cls, ls) -> DynamicLossScaler:
         return cls(ls.init_scale, ls.growth_factor, ls.backoff_factor, ls.growth_interval)
 
     @property

@@ -8,14 +8,14 @@ raises `RunFailed` carrying the failed rank's exit code and its one-line account
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from migrate.errors import MigrateError
 from migrate.train.building import trainable_model_config
 from migrate.train.checkpoint.folder import open_checkpoint
-from migrate.train.launch.cluster import Cluster
 from migrate.train.config import RunConfig
+from migrate.train.launch.cluster import Cluster
 from migrate.train.launch.msrun import launch
 from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
 from migrate.train.trainer import check_resumable, train

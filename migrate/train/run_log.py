@@ -13,13 +13,20 @@ same files at the same points of a step.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from migrate.run_protocol.record import (EVAL_FILE, METRICS_FILE, MetricsLog, append_eval, log_line, parse_lines,
-                                         truncate_jsonl)
-from migrate.train.health.watch import HealthWatch
+from migrate.run_protocol.record import (
+    EVAL_FILE,
+    METRICS_FILE,
+    MetricsLog,
+    append_eval,
+    log_line,
+    parse_lines,
+    truncate_jsonl,
+)
 from migrate.train.health.log import HealthLog, replay
+from migrate.train.health.watch import HealthWatch
 from migrate.train.tensorboard import RunBoard
 
 

@@ -49,7 +49,7 @@ class RunBoard:
                                                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     @classmethod
-    def off(cls) -> "RunBoard":
+    def off(cls) -> RunBoard:
         return cls(None)
 
     def step(self, record: dict, extra: dict | None = None, events=()) -> None:

@@ -100,22 +100,34 @@ from migrate.run_protocol.inputs import check_vocab, eval_rows
 from migrate.run_protocol.record import finite, step_record
 from migrate.run_protocol.state import Position
 from migrate.run_protocol.throughput import peak_basis
-from migrate.train.building import (MSTraining, build_training, checkpoint_names, effective_hparams,
-                                    flops_per_token, measure_peak_flops)
-from migrate.train.checkpoint.folder import (open_checkpoint, remove_partials, rng_state, save_checkpoint,
-                                             set_rng_state, shard_staging_dir)
-from migrate.train.config import RunConfig
+from migrate.train.building import (
+    MSTraining,
+    build_training,
+    checkpoint_names,
+    effective_hparams,
+    flops_per_token,
+    measure_peak_flops,
+)
+from migrate.train.checkpoint.folder import (
+    open_checkpoint,
+    remove_partials,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    shard_staging_dir,
+)
 from migrate.train.checkpoint.shards import layout_record, slice_table, write_optimizer_shard
-from migrate.train.knob_faults import check_faults
+from migrate.train.config import RunConfig
 from migrate.train.health.watch import StepFacts
+from migrate.train.knob_faults import check_faults
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
-from migrate.train.step.optimizer import step_graphs
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.run_log import RunLog
-from migrate.train.step.faults import parse_step_faults
-from migrate.train.step.profile import format_breakdown, profile_for
 from migrate.train.step.cells import PreShiftedLMLoss
+from migrate.train.step.faults import parse_step_faults
+from migrate.train.step.optimizer import step_graphs
+from migrate.train.step.profile import format_breakdown, profile_for
 
 F32 = ms.float32
 PEAK_MEASURED = "measured: best fp32 MatMul 1024x1024x1024 on this device (achievable peak, not a datasheet)"
@@ -331,7 +343,7 @@ class MindSporeRecipe:
     def _moment_shapes(self) -> dict:
         optimizer = self.training.optimizer
         return {p.name: tuple(q.shape) for p, q in zip((*optimizer.exp_avg, *optimizer.exp_avg_sq),
-                                                       (*optimizer.parameters, *optimizer.parameters))}
+                                                       (*optimizer.parameters, *optimizer.parameters), strict=True)}
 
     def _write_optimizer_shard(self, step: int) -> Path:
         optimizer, parallel = self.training.optimizer, self.parallel
@@ -397,8 +409,14 @@ def check_resumable(checkpoint, cfg: RunConfig, faults, layout: Layout | None = 
 def _progress_bar(enabled: bool, total: int, done: int):
     """update(step, record); a rich bar on a terminal's stderr, nothing otherwise."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     err = Console(stderr=True)
     if not enabled or not err.is_terminal or not sys.stderr.isatty():

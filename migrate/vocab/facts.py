@@ -16,10 +16,10 @@ from typing import Any
 
 from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
 from migrate.keymap import Keymap, recorded_keymap, resolve
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.safeyaml import load_yaml
 
 SPECIALS = ("bos", "eos", "pad", "unk")

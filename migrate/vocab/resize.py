@@ -28,9 +28,9 @@ from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
 from migrate.checkpoints.output_guard import check_output
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
-from migrate.models.conversion_plan import ConversionPlan
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
+from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import load_model_config
 from migrate.sidecar import copy_sidecars
 from migrate.vocab.facts import SPECIALS, has_tokenizer, ms_plan, ms_vocab_names, read_tokenizer, vocab_rows_of

@@ -2,6 +2,7 @@
 the fault catalogue refused (it is Llama-only), and a fault put into a copy of the checkpoint
 located at its layer. The commands and what a correct tool gives are bench/real_tier/steps.py's."""
 import pytest
+
 from real_tier.steps import names
 
 

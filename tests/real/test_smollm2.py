@@ -2,6 +2,7 @@
 49152): the commands of README.md and docs/ on it, and each injected fault located where it was put.
 The commands and what a correct tool gives are bench/real_tier/steps.py's."""
 import pytest
+
 from real_tier.steps import STEPS, names
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from migrate.jsonsafe import jsonable as _jsonable
 from migrate.judge import Check, fmt_cosine, fmt_num
@@ -162,7 +163,7 @@ class Entry:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Entry":
+    def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         return cls(
             name=d["name"], kind=d["kind"], block=d["block"], direction=d.get("direction", "forward"),
             layer=d.get("layer"), metrics=_unjson_metrics(d.get("metrics") or {}),
@@ -213,7 +214,7 @@ class Generation:
         })
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Generation":
+    def from_dict(cls, d: Mapping[str, Any]) -> Generation:
         keys = ("steps", "rows", "first_diff_step", "matching_prefix", "match_share",
                 "diff_row", "ref_token", "got_token")
         metrics = {k: d.get(k) for k in keys if k in d}

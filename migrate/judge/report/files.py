@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from migrate.judge.report.html import render_html
-from migrate.judge.report.markdown import render_markdown
-from migrate.judge.report.model import Report
-from migrate.judge.report.plot import render_plot
 from migrate.checkpoints.atomic import atomic_write_text
 from migrate.errors import MigrateError
 from migrate.judge.jsonfile import write_json
 from migrate.judge.plot import write_png
+from migrate.judge.report.html import render_html
+from migrate.judge.report.markdown import render_markdown
+from migrate.judge.report.model import Report
+from migrate.judge.report.plot import render_plot
 
 __all__ = ["REPORT_FILES", "write_report", "read_report"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from migrate.judge.report.tables import entry_tables, nonfinite_table, run_rows, thresholds_table
 from migrate.judge import html as h
+from migrate.judge.report.tables import entry_tables, nonfinite_table, run_rows, thresholds_table
 
 __all__ = ["render_html"]
 

@@ -62,22 +62,23 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from migrate import __version__
+from migrate.dtype_names import canonical_dtype
+from migrate.errors import MigrateError
+from migrate.jsonsafe import jsonable as _jsonable
+from migrate.judge import Check, Verdict, fmt_cosine, fmt_num
 from migrate.judge.checks import nonfinite_count, nonfinite_summary, nonfinite_text, tensor_checks
+from migrate.judge.jsonfile import dumps
 from migrate.judge.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
 from migrate.judge.noise import TWIN, error_figures, error_ratio, noise_figures, tie_margin
 from migrate.judge.report.entries import DIRECTIONS, Entry, Generation, layer_of
 from migrate.judge.thresholds import KINDS, Thresholds
-from migrate.errors import MigrateError
-from migrate.jsonsafe import jsonable as _jsonable
-from migrate.judge import Check, Verdict, fmt_cosine, fmt_num
-from migrate.judge.jsonfile import dumps
-from migrate.dtype_names import canonical_dtype
 
 __all__ = ["SCHEMA_VERSION", "Report"]
 
@@ -92,7 +93,7 @@ def _peak(array: Any) -> float:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 @dataclass
@@ -240,7 +241,7 @@ class Report:
                 return i
         return None
 
-    def finalize(self) -> "Report":
+    def finalize(self) -> Report:
         """Compute passed, first divergences and the headline figures."""
         fwd, bwd = self.forward, self.backward
         self.first_divergence = next((e for e in fwd if not e.passed), None)
@@ -462,7 +463,7 @@ class Report:
         return dumps(self.to_dict())
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Report":
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise MigrateError(f"report schema version {version!r} is not supported (expected {SCHEMA_VERSION})")

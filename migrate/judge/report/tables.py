@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from migrate.judge.report.entries import Entry
-from migrate.judge.checks import nonfinite_side
-from migrate.judge.bounds import METRICS
-from migrate.judge.thresholds import KINDS
 from migrate.judge import Column, Table, fmt_cosine, fmt_num, fmt_pct
+from migrate.judge.bounds import METRICS
+from migrate.judge.checks import nonfinite_side
+from migrate.judge.report.entries import Entry
 from migrate.judge.table import FAIL, FIRST, OK
+from migrate.judge.thresholds import KINDS
 
 __all__ = ["entry_tables", "nonfinite_table", "run_rows", "thresholds_table"]
 

@@ -12,9 +12,9 @@ import mindspore as ms
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.lora.record import ADAPTER_FILE, LORA_FILE  # noqa: F401  a LoRA run's files, in place of model.ckpt
 from migrate.run_protocol.record import METRICS_FILE  # noqa: F401  the run's metrics, carried in a checkpoint
 from migrate.run_protocol.state import RNG_FILE  # noqa: F401  the generator states
-from migrate.lora.record import ADAPTER_FILE, LORA_FILE  # noqa: F401  a LoRA run's files, in place of model.ckpt
 
 MODEL_FILE = "model.ckpt"
 MODEL_CONFIG = "model.yaml"

@@ -48,10 +48,25 @@ from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_ch
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
 from migrate.sidecar import copy_sidecars
-from migrate.train.checkpoint.files import (ADAPTER_FILE, LORA_FILE, METRICS_FILE, MODEL_CONFIG, MODEL_FILE,
-                                      OPTIMIZER_FILE, RNG_FILE, load_ckpt_file, save_tensors_atomically)
-from migrate.train.checkpoint.shards import (LAYOUT_FILE, SHARD_PREFIX, is_sharded, layout_without_files,
-                                     merged_optimizer_state, read_layout)
+from migrate.train.checkpoint.files import (
+    ADAPTER_FILE,
+    LORA_FILE,
+    METRICS_FILE,
+    MODEL_CONFIG,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    load_ckpt_file,
+    save_tensors_atomically,
+)
+from migrate.train.checkpoint.shards import (
+    LAYOUT_FILE,
+    SHARD_PREFIX,
+    is_sharded,
+    layout_without_files,
+    merged_optimizer_state,
+    read_layout,
+)
 
 FOLDER = "checkpoints"
 PREFIX = "checkpoint-"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from migrate.errors import MigrateError
 from migrate.train.config import HealthConfig, RunConfig
-from migrate.train.health.watch import KINDS, HealthWatch, verdict_line
 from migrate.train.health.log import FILE, facts_of
+from migrate.train.health.watch import KINDS, HealthWatch, verdict_line
 
 METRICS = "metrics.jsonl"
 HPARAMS = "effective_hparams.json"

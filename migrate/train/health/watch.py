@@ -86,7 +86,7 @@ class HealthWatch:
         self.counts: dict[str, int] = {}
 
     @classmethod
-    def for_run(cls, cfg: RunConfig) -> "HealthWatch":
+    def for_run(cls, cfg: RunConfig) -> HealthWatch:
         return cls(cfg.health, peak_lr=cfg.optimizer.lr, warmup_steps=cfg.schedule.num_warmup_steps(cfg.total_steps),
                    dtype=cfg.dtype, backoff_factor=cfg.loss_scale.backoff_factor, total_steps=cfg.total_steps)
 

@@ -29,6 +29,7 @@ from migrate.parallel.layout import Layout
 from migrate.train.config import RunConfig
 from migrate.train.launch.worker_files import record_exit, record_pid
 
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m migrate.train.launch.worker")
     p.add_argument("--config", required=True)

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from migrate.checkpoints.atomic import atomic_write_text
+from migrate.compare import compare_runs, render_plot
+from migrate.compare.terminal import rules_table
 from migrate.errors import MigrateError
 from migrate.judge import html as h
 from migrate.judge import short
-from migrate.compare import compare_runs, render_plot
-from migrate.compare.terminal import rules_table
 from migrate.train.run_report.figures import curves_png, timing_png
 from migrate.train.run_report.run_files import HEALTH_FILE, RunFiles, read_run
 from migrate.train.run_report.timing import step_timing

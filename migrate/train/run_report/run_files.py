@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migrate.errors import MigrateError
 from migrate.compare.metrics_log import Run, read_metrics
+from migrate.errors import MigrateError
 
 HEALTH_FILE = "health.jsonl"
 HPARAMS_FILE = "effective_hparams.json"

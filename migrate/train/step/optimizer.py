@@ -34,7 +34,8 @@ norm sums rows first: MindSpore's CPU ReduceSum over a whole tensor runs on one 
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -182,7 +183,7 @@ class OptimizerStep:
 
     def replace_grads(self, values) -> None:
         """Write reduced (data-parallel) gradients back into the accumulators."""
-        for buffer, value in zip(self.grads, values):
+        for buffer, value in zip(self.grads, values, strict=True):
             buffer.set_data(value)
 
     def poison_first(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from migrate.run_protocol.record import TIME_DECIMALS
 
