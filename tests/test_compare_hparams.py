@@ -35,7 +35,8 @@ schedule: {name: cosine, warmup_steps: 1, min_lr_rate: 0.1}
 out_dir: {golden: golden, ms: ms_out}
 """
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build a trained golden/MindSpore pair
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ from train_setup import RUN as TRAINER_RUN
 from train_setup import VOCAB, load_cfg, load_golden, make_run_dir, metrics
 
 golden = load_golden()
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build golden runs with a float64 reference
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 # train_setup's run, 6 steps at lr 1e-3 with 2 warmup steps
 RUN = (TRAINER_RUN.replace("total_steps: 200", "total_steps: 6").replace("lr: 3e-3", "lr: 1e-3")

@@ -102,6 +102,7 @@ CORRECT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CORRECT) + ["trainer 200 steps", "trainer 200 steps, data seed 6", "demo"])
 def test_correct_fp32_runs_pass_with_a_flat_drift(tiny, demo, name, tmp_path, capsys):
     if name == "demo":
@@ -121,6 +122,7 @@ def test_correct_fp32_runs_pass_with_a_flat_drift(tiny, demo, name, tmp_path, ca
     assert c["hparams"]["passed"] is True and c["first"]["value"] < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["tiny", "demo"])
 def test_weight_decay_only_fault_fails(tiny, demo, where, tmp_path, capsys):
     if where == "demo":

@@ -43,6 +43,7 @@ def test_convert_is_bit_exact_and_loads(tmp_path, variant, layout):
     assert [t["source"] for t in manifest["tied"]] == [t.src for t in tied]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_converted_model_matches_hf(tmp_path, variant, mode):

@@ -33,6 +33,7 @@ def load_harness():
     return module
 
 
+@pytest.mark.slow
 def test_peak_rss_is_bounded_where_the_whole_model_approach_is_not(tmp_path):
     """~400 MB of bf16 in 148 tensors, none over 17 MB: each approach runs in a
     child process, and its peak RSS (ru_maxrss) is compared with a child that

@@ -31,6 +31,7 @@ def test_sources_are_hashed_only_on_request(tmp_path):
         assert record["sha256"] == hashlib.sha256((src / record["file"]).read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--qkv-concat"], ["--format", "safetensors"]])
 def test_convert_and_export_never_import_mindspore(tmp_path, extra):
     """MindSpore's import alone holds 0.5 GB, more than conversion's memory budget."""

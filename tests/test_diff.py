@@ -51,6 +51,7 @@ def test_gradients_pair_up_and_pass_fp32(converted):
     assert report.passed, report.first_grad_divergence
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_identical_for_32_tokens(converted):
     hf_dir, ms_dir = converted["gqa"]
     report = run_diff(hf_dir, ms_dir, batch=1, seq_len=6, generate=32)

@@ -365,6 +365,7 @@ def expand(argv: list[str]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", list(PAGES))
 def test_the_page_runs_as_written(page, base, tmp_path, monkeypatch, capsys, one_torch_thread):
     path = REPO / page if page == "README.md" else REPO / "docs" / page

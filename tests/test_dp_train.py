@@ -22,6 +22,9 @@ from migrate.train.ms_data import micro_batches
 from migrate.train.trainer import check_resumable, train
 from train_setup import RUN, load_cfg, make_run_dir, metrics, rel
 
+# slow as a whole: its module fixtures build a dp=1/dp=2 pair of trained runs (msrun)
+pytestmark = pytest.mark.slow
+
 STEPS = 50
 RUN_DP1 = RUN.replace("total_steps: 200", f"total_steps: {STEPS}") + "checkpoint_interval: 25\n"
 RUN_DP2 = RUN_DP1.replace("micro_batch_size: 4", "micro_batch_size: 2")

@@ -31,6 +31,7 @@ CASES = {
 BIN_CASES = {"qwen2", "mistral_full", "gemma"}  # the others are read from safetensors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_family_converts_matches_hf_and_round_trips(tmp_path, case):
     family, overrides = CASES[case]
@@ -180,6 +181,7 @@ def test_gemma_fused_targets_diff_and_round_trip(tmp_path, target):
             assert np.array_equal(a.read(name).view(np.uint8), b.read(name).view(np.uint8)), name
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_gemma_trains_like_the_golden(tmp_path):
     """`migrate train` trains Gemma (the bundled Llama with its flags; the golden script loads

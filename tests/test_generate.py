@@ -80,10 +80,12 @@ def judged(case, hf, runner, batch):
     assert max(result.logits_max_abs) <= 1e-5 and result.steps_compared == STEPS
 
 
+@pytest.mark.slow
 def test_greedy_128_tokens_equal_hf_generate_gqa_tied(llama):
     judged("gqa_tied", *llama)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(set(CASES) - {"gqa_tied"}))
 def test_greedy_128_tokens_equal_hf_generate(tmp_path, case):
     hf, ms_dir = converted(tmp_path, case)
@@ -106,6 +108,7 @@ def test_the_judge_fails_when_pads_are_attended(llama, monkeypatch):
     assert not result.verdict.passed and result.verdict.first_failure.step == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rope", sorted(LENGTH_ROPE))
 def test_length_dependent_rope_with_a_cache_follows_hf(tmp_path, rope):
     # HF with a cache chooses the set per call from its longest position, and cached keys keep the

@@ -10,6 +10,9 @@ from hf_fixtures import build_hf_model, save_hf_model
 from migrate.cli import main
 from migrate.convert import convert
 
+# slow as a whole: its module fixtures build compiled decode graphs and MindIR exports
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["The capital of France is", "Rome"]
 
 

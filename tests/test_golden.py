@@ -18,6 +18,9 @@ from migrate.train.config import RunConfig
 from migrate.train.decay import hf_decay_names
 from migrate.train.schedule import lr_at, lr_table
 
+# slow as a whole: its module fixtures build golden training runs
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "golden" / "train_torch.py"
 VOCAB = 320

@@ -23,6 +23,7 @@ def test_gradient_faults_are_their_own_registry():
     assert all("grads" in f.needs and f.block == "grad" for f in GRAD_FAULTS.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_mlp_gradient_scaled_in_one_layer_is_located_there(converted, layer):
     hf_dir, ms_dir = converted

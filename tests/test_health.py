@@ -26,7 +26,8 @@ from migrate.train.trainer import train
 from train_setup import load_cfg, load_golden, make_run_dir, metrics
 
 golden = load_golden()
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build trained runs with faults on both sides
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 SHORT = ScheduleConfig(name="cosine", warmup_steps=4, min_lr_rate=0.1)
 PAD = 2  # the tokenizer's <pad>: never in the corpus, as uncleaned special tokens would be
 SPIKE_STEP, SPIKE_MICRO = 40, 1

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 LLAMA_70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
              "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
              "num_hidden_layers": 80, "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
@@ -47,6 +49,7 @@ def run_bounded(*args):
     return int(rc), int(peak), out.stdout
 
 
+@pytest.mark.slow
 def test_hparams_and_plan_on_a_70b_config_json_stay_under_2gb(tmp_path):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text(json.dumps(LLAMA_70B))

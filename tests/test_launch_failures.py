@@ -24,6 +24,7 @@ def run_dir(tmp_path_factory):
     return make_run_dir(tmp_path_factory.mktemp("dp_kill"), run_yaml=DP_RUN)
 
 
+@pytest.mark.slow
 def test_a_sigkilled_worker_is_named_with_its_signal_and_last_line(run_dir, monkeypatch, capsys):
     use_fault_worker(monkeypatch)                # the test-side worker (tests/fault_worker.py)
     monkeypatch.setenv(KILL_ENV, "1:2")         # rank 1 SIGKILLs itself right after logging step 2

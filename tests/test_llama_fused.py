@@ -150,6 +150,7 @@ def test_parameter_names_and_shapes():
     assert LlamaConfig.from_dict(cfg.to_dict()).qkv_concat is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_match_hf(name, mode):
@@ -189,6 +190,7 @@ def test_fused_matches_unfused_model():
     assert np.abs(a - b).max() <= 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,mode", [("gqa_bias", "graph"), ("mha", "pynative")])
 def test_gradients_match_torch(name, mode):
     hf_model = build_hf(name, seed=1)

@@ -30,7 +30,8 @@ from migrate.train.trainer import train
 from train_setup import RUN, VOCAB, load_cfg, load_golden, make_run_dir, metrics, rel
 
 golden = load_golden()
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build golden and MindSpore LoRA runs
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 LORA_RUN = RUN.replace("total_steps: 200", "total_steps: 50").replace("warmup_steps: 20", "warmup_steps: 5") \
     + "checkpoint_interval: 25\nlora: {rank: 4, alpha: 8}\n"
 CASES = [("llama", ["q_proj", "v_proj"]), ("llama", "all-linear"), ("qwen2", ["q_proj", "v_proj"]),

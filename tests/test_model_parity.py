@@ -35,6 +35,7 @@ LOW_PRECISION = [(f.name, dtype, mode) for f in FAMILIES.values() if f.low_preci
                  for dtype, mode in f.low_precision.cases]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,name,mode", FORWARD)
 def test_outputs_match_hf(family, name, mode):
     _, ms_model, inputs, ref = case(family, name)
@@ -104,6 +105,7 @@ def test_hidden_states_match_hf_at_the_align_points(family):
     assert worst <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [f.name for f in FAMILIES.values() if f.backward])
 def test_gradients_match_torch(family):
     fam = FAMILIES[family]
@@ -142,6 +144,7 @@ def test_gradients_match_torch(family):
     assert loss_rel <= 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,dtype,mode", LOW_PRECISION)
 def test_low_precision_tracks_torch(family, dtype, mode):
     fam = FAMILIES[family]

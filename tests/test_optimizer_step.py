@@ -97,6 +97,7 @@ def test_finite_check_is_gradscalers():
     assert step.all_finite(step.measure(inv_scale=0.5))
 
 
+@pytest.mark.slow
 def test_unscaled_before_measuring_and_clipping():
     grads = _grads(3.0)
     _, _, _, plain = _setup("plain", grads)

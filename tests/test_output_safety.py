@@ -337,6 +337,7 @@ RACING_CONVERT = """
 """
 
 
+@pytest.mark.slow
 def test_two_real_writers_at_once(tmp_path, src, capsys):
     """Two processes replacing the same output, held so that both rename at once: one
     wins, the other ends with one line (ENOTEMPTY before: a traceback and a `.old`
@@ -386,6 +387,7 @@ def _start_slow_conversion(tmp_path, src) -> tuple[subprocess.Popen, Path]:
     raise AssertionError("the conversion never started writing")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum,code,word", [(signal.SIGTERM, 143, "terminated"),
                                               (signal.SIGINT, 130, "interrupted")])
 def test_sigterm_is_handled_like_sigint(tmp_path, src, signum, code, word):

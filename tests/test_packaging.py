@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -17,6 +19,7 @@ def test_every_subpackage_is_listed_in_pyproject():
     assert {"migrate.golden", "migrate.keymaps"} <= listed
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_has_the_keymaps_and_the_golden_script(tmp_path):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]

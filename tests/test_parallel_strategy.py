@@ -95,6 +95,7 @@ def _run(model, ids, graph=False):
     return logits.asnumpy(), float(loss.asnumpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused, tied, mp", [(False, False, 4), (True, True, 2), (False, True, 4)])
 def test_sharded_model_computes_what_the_model_computes(fused, tied, mp):
     config = _cfg(n_kv=2, qkv_has_bias=True, pad_token_id=0, qkv_concat=fused, tie_word_embeddings=tied)

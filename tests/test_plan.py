@@ -140,6 +140,7 @@ CALIBRATION = [
 ]
 
 
+@pytest.mark.slow
 def test_cpu_estimate_within_25_percent_of_measured_peak():
     with ThreadPoolExecutor(len(CALIBRATION)) as pool:
         measured = list(pool.map(lambda case: measure_peak_details(case[1], case[2], case[3]), CALIBRATION))

@@ -23,6 +23,9 @@ from migrate.probe.inputs import seeded_inputs
 from migrate.probe.inputs_file import inputs_bytes
 from migrate.probe.pairing import load_mapping, pair
 
+# slow as a whole: its module fixtures build dumps written by other processes
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parent
 HAND = f"{TESTS / 'hand_port_ms.py'}:make"
 TORCH = f"{TESTS / 'custom_torch.py'}:make"

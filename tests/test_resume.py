@@ -18,6 +18,9 @@ from migrate.train.checkpoint.folder import LATEST, open_checkpoint
 from migrate.train.trainer import train
 from train_setup import REPO, RUN, load_cfg, make_run_dir, metrics
 
+# slow as a whole: its module fixtures build killed and resumed runs
+pytestmark = pytest.mark.slow
+
 RESUME_RUN = (RUN.replace("total_steps: 200", "total_steps: 24")
               .replace("warmup_steps: 20", "warmup_steps: 12")  # checkpoints 4 and 8 fall in the warmup
               + "checkpoint_interval: 4\nkeep_checkpoints: 2\n")

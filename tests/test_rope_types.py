@@ -76,6 +76,7 @@ def models(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, seq_lens", [
     ("yarn", (24,)),
     ("yarn_options", (24,)),
@@ -98,6 +99,7 @@ def test_diff_passes_against_hf(models, tmp_path, capsys, name, seq_lens):
         assert headline["logits_max_abs"] <= 1e-5
 
 
+@pytest.mark.slow
 def test_dynamic_generation_across_the_maximum_length(models, tmp_path):
     # Greedy decoding grows the sequence from 14 past max_position_embeddings (16): HF
     # recomputes the frequencies at every longer length, and so does the bundled model.

@@ -46,6 +46,7 @@ def _logits(model, graph=False):
     return _outputs(model, graph)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("shard_first", [False, True])
 def test_bf16_autocast_survives_tensor_parallel_kernels(tied, shard_first):
@@ -100,6 +101,7 @@ def test_projections_compute_through_a_swappable_kernel():
     np.testing.assert_array_equal(_logits(model), 2.0 * before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(FAULTS) - {"untied_head"}))
 def test_faults_reach_their_seam_in_both_modes(name):
     # untied_head rebuilds the model from model.yaml: tests/test_diff.py covers it.

@@ -17,7 +17,8 @@ from migrate.train.step.profile import breakdown_problems, field_name, format_br
 from migrate.train.trainer import train
 from train_setup import REPO, load_cfg, load_golden, make_run_dir, metrics
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build profiled training runs
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 STEPS = 5
 NUMBERS = ("step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens")
 

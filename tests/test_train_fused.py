@@ -40,6 +40,7 @@ def test_fused_parameters_decay_as_their_sources(run_dir, target):
     assert fused <= decayed and not fused_bias & decayed
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_fused_training_follows_the_golden(run_dir):
     cfg = load_cfg(run_dir, ms_model=str(run_dir / "ms_mcore"), total_steps=4, schedule=SHORT)
@@ -61,6 +62,7 @@ def test_other_families_are_refused_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "trains the bundled Llama family" in err[0] and "GPT2LMHeadModel" in err[0]
 
 
+@pytest.mark.slow
 def test_mcore_checkpoints_read_like_the_converted_folder(run_dir):
     """Training checkpoints keep the folder's mcore names: a resume continues the same
     curve, and `migrate export` turns a checkpoint back into an HF folder."""

@@ -26,7 +26,8 @@ GOLDEN_KEYS = {"step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens",
 SHORT = ScheduleConfig(name="cosine", warmup_steps=2, min_lr_rate=0.1)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# slow as a whole: its module fixtures build a 200-step golden/MindSpore pair
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 def live_shared(run: Path) -> dict:

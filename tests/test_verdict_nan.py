@@ -120,6 +120,7 @@ def test_clean_conversion_still_passes_and_says_nothing_of_nan(models, tmp_path,
     assert data["summary"]["nonfinite"] is None and "NaN / Inf" not in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_nan_in_gradients_and_parameters_after_the_step_is_named(models, tmp_path, capsys):
     hf_dir, ms_dir = models["ms_nan"]
     assert main(["diff", str(hf_dir), str(ms_dir), "--grads", "--report", str(tmp_path)]) == 1

@@ -60,6 +60,7 @@ def test_resized_hf_converts_to_the_same_checkpoint_and_diffs(run_dir):
     assert report.exit_code == 0, report.verdict
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_resized_model_trains_like_the_golden(run_dir):
     short = ScheduleConfig(name="cosine", warmup_steps=1, min_lr_rate=0.1)
