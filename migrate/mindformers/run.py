@@ -204,7 +204,7 @@ def _training(cfg: RunConfig, batch: mf_train.Batching, cpu: bool, notes: list[s
         "callbacks": [{"type": "MFLossMonitor"},
                       {"type": "CheckpointMonitor", "prefix": "llama", "save_checkpoint_steps": interval,
                        "keep_checkpoint_max": cfg.keep_checkpoints or 1, "integrated_save": False,
-                       "async_save": False}],
+                       "async_save": False}] + ([mf_train.stop_callback(cfg)] if cpu else []),
         "profile": False,
     }
 

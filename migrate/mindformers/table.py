@@ -46,13 +46,17 @@ TABLE: tuple[Translation, ...] = (
                 "warmup_steps is always written",
                 "core/lr/lr_schedule.py, core/optim/adamw.py construct (get_lr before assignadd)",
                 "7 schedules, every step vs transformers.get_scheduler: ≤ 1.1e-7 × peak lr"),
-    Translation("total_steps", "lr_schedule.total_steps; runner_config {epochs, sink_mode: true, sink_size: 1}",
+    Translation("total_steps", "lr_schedule.total_steps; Ascend: runner_config {epochs, sink_mode: true, "
+                "sink_size: 1}; CPU: runner_config {epochs: whole epochs, sink_mode: false} + callbacks "
+                "TrainCallBack {stop_step: total_steps}",
                 "MindFormers trains int(dataset_size / sink_size × epochs) sink steps of 1: epochs is chosen so that "
-                "this is total_steps (never total_steps: -1)",
-                "runner_config.stop_step is ignored by 2.0.0 (its TrainCallBack is built, never added); on CPU (no "
-                "dataset sink) whole epochs run: stop after total_steps",
-                "trainer/utils.py check_runner_config, trainer/base_trainer.py create_lr_scheduler",
-                "12-step CPU run stops at step 12"),
+                "this is total_steps (never total_steps: -1); on CPU MindSpore's Model.train runs no dataset sink "
+                "(whatever sink_mode says), so whole epochs are planned and TrainCallBack, which MindFormers builds "
+                "from `callbacks`, stops the run at total_steps",
+                "runner_config.stop_step is ignored by 2.0.0 (its TrainCallBack is built, never added)",
+                "trainer/utils.py check_runner_config, trainer/base_trainer.py create_lr_scheduler and callbacks, "
+                "core/callback/callback.py TrainCallBack, mindspore/train/model.py train",
+                "source; tests/mf_live_check.py runs it"),
     Translation("max_grad_norm", "runner_wrapper {use_clip_grad, max_grad_norm}",
                 "ClipGradNorm: coefficient max/(norm + 1e-6) when norm ≥ max, as clip_grad_norm_",
                 "below max_norm it still multiplies by max/(max + 1e-6) (1 − 1e-6/max) where torch leaves the "
