@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from family_fixtures import build_family_model
+from hf_fixtures import build_hf_model, save_hf_model
 from mf_fixtures import make_mf_root
 from migrate.cli import main
 from migrate.convert import convert
@@ -20,7 +21,7 @@ from migrate.errors import MigrateError
 from migrate.mindformers.fields import check_run_yaml
 from migrate.mindformers.hparams_vs_golden import planned_steps, steps_trained
 from migrate.mindformers.model import check_expressible
-from migrate.mindformers.run import mindformers_run
+from migrate.mindformers.run import PREDICT_SEQ_LENGTH, mindformers_run
 from migrate.mindformers.table import TABLE
 from migrate.models.config import LlamaConfig
 from migrate.train.config import RunConfig
@@ -208,6 +209,25 @@ def test_convert_writes_the_yaml_beside(root, tmp_path):
     doc = yaml.safe_load((tmp_path / "mf.yaml").read_text())
     assert check_run_yaml(doc) == [] and doc["model"]["model_config"]["qkv_concat"]
     assert doc["model"]["model_config"]["seq_length"] == 32 and doc["run_mode"] == "predict"
+
+
+def test_a_predict_yaml_caps_the_default_seq_length(root, tmp_path, capsys):
+    """MindFormers pads every prompt to seq_length; a model's max_position_embeddings (8,192 for SmolLM2-135M)
+    is too long a default: it is capped, --seq-length sets it, a shorter model keeps its own."""
+    save_hf_model(build_hf_model("gqa", max_position_embeddings=8192), tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ms"), "--mindformers-yaml",
+                 str(tmp_path / "mf.yaml"), "--device", "cpu"]) == 0
+    text = (tmp_path / "mf.yaml").read_text()
+    mc = yaml.safe_load(text)["model"]["model_config"]
+    assert PREDICT_SEQ_LENGTH == 512 and (mc["seq_length"], mc["max_position_embedding"]) == (512, 8192)
+    assert "# note: seq_length 512 (max_position_embeddings 8192 capped at 512; --seq-length sets it)" in text
+    assert "note: seq_length 512" in capsys.readouterr().out
+    run = mindformers_run(tmp_path / "ms", device="cpu", seq_length=4096)
+    assert run.doc["model"]["model_config"]["seq_length"] == 4096 and "seq_length 4096 (--seq-length)" in run.notes[0]
+    assert mindformers_run(root / "ms").doc["model"]["model_config"]["seq_length"] == 64  # its own 64
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ms2"), "--mindformers-yaml",
+                 str(tmp_path / "mf2.yaml"), "--device", "cpu", "--seq-length", "1024"]) == 0
+    assert yaml.safe_load((tmp_path / "mf2.yaml").read_text())["model"]["model_config"]["seq_length"] == 1024
 
 
 def test_translation_table_covers_every_run_yaml_knob():

@@ -114,8 +114,13 @@ TABLE: tuple[Translation, ...] = (
                 "file, or the folder of shards)", "strict load: nothing missing or unused", "peak_flops and lora "
                 "are not translated", "trainer/utils.py get_load_checkpoint_result", "7 models load strictly"),
     Translation("model.seq_length (HF max_position_embeddings)", "model_config.max_position_embedding; "
-                "model_config.seq_length = the training length",
-                "MindFormers' seq_length is the input length", "", "llama_config.py, FreqsMgr", "logits"),
+                "model_config.seq_length = the training length; predict: max_position_embeddings up to 512, or "
+                "--seq-length",
+                "MindFormers' seq_length is the input length",
+                "predict pads every prompt to seq_length and without use_past runs all of it per new token, so a "
+                "predict YAML's default is capped (SmolLM2-135M's shape on CPU: 4.3 GB at 512, 8.9 at 1024, out "
+                "of memory at 2048)", "llama_config.py, FreqsMgr; generation/text_generator.py",
+                "logits; one forward's peak memory at 512/1024/2048"),
     Translation("model.pad_token_id", "pad_token_id: -1",
                 "MindFormers masks tokens equal to pad_token_id out of attention and loss; the golden's packed rows "
                 "mask nothing", "", "llama.py construct, LowerTriangularMaskWithDynamic", "logits"),
