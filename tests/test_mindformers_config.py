@@ -1,6 +1,6 @@
 """`migrate mindformers-config` / `convert --mindformers-yaml`: the MindFormers 2.0.0 run YAML.
 
-What MindFormers itself does with these YAMLs (build, strict load, logits, 12 training steps
+What MindFormers itself does with these YAMLs (build, strict load, logits, 20 training steps
 against the golden) is tests/test_mindformers_live.py, which needs a MindFormers env. Here:
 the YAML against the pinned field table, the values it carries, the layouts and every refusal.
 """

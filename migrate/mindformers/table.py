@@ -56,7 +56,8 @@ TABLE: tuple[Translation, ...] = (
                 "runner_config.stop_step is ignored by 2.0.0 (its TrainCallBack is built, never added)",
                 "trainer/utils.py check_runner_config, trainer/base_trainer.py create_lr_scheduler and callbacks, "
                 "core/callback/callback.py TrainCallBack, mindspore/train/model.py train",
-                "source; tests/mf_live_check.py runs it"),
+                "CPU run planned as 2 epochs of 12 stops itself at step 20: 20 steps logged, global_step 20 in its "
+                "last checkpoint (24 steps without the callback, 240 with sink_mode true)"),
     Translation("max_grad_norm", "runner_wrapper {use_clip_grad, max_grad_norm}",
                 "ClipGradNorm: coefficient max/(norm + 1e-6) when norm ≥ max, as clip_grad_norm_",
                 "below max_norm it still multiplies by max/(max + 1e-6) (1 − 1e-6/max) where torch leaves the "
