@@ -62,8 +62,8 @@ def _mindformers_config_arguments(p) -> None:
 def add_yaml_options(p, *, standalone: bool) -> None:
     """The YAML's options, shared by `mindformers-config` and `convert --mindformers-yaml`."""
     g = p.add_argument_group("MindFormers run YAML" if not standalone else "layout and device")
-    g.add_argument("--seq-length", type=int, help="training input length (default: run.yaml's, else the model's "
-                                                  "max_position_embeddings)")
+    g.add_argument("--seq-length", type=int, help="the input length MindFormers pads to (default: run.yaml's; "
+                                                  "predict: max_position_embeddings, at most 512)")
     g.add_argument("--dp", type=int, default=1, help="data_parallel")
     g.add_argument("--mp", type=int, default=1, help="model_parallel (heads, kv heads, vocab, intermediate %% mp)")
     g.add_argument("--pp", type=int, default=1, help="pipeline_stage (layers %% pp)")

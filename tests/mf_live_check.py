@@ -120,7 +120,7 @@ def prepare(out: Path) -> None:
     (out / "prepared.json").write_text(json.dumps(meta, indent=1))
 
 
-TRAIN_STEPS = 12
+TRAIN_STEPS = 20  # 96 rows / global batch 8 = 12 steps per epoch: the CPU YAML plans 2 epochs and stops at 20
 
 
 def _prepare_training(out: Path, migrate: str) -> dict:
@@ -162,7 +162,13 @@ out_dir: {{golden: {out / 'train' / 'golden'}, ms: {out / 'train' / 'ms'}}}
     subprocess.run([migrate, "mindformers-config", "--config", str(run), "--device", "cpu", "--out",
                     str(out / "train" / "mf_train.yaml"), "--overwrite", "--output-dir",
                     str(out / "train" / "mf_output")], check=True, stdout=subprocess.DEVNULL)
-    return {"yaml": str(out / "train" / "mf_train.yaml"), "golden": str(out / "train" / "golden" / "metrics.jsonl")}
+    hparams = subprocess.run([migrate, "hparams", str(run), "--mindformers", str(out / "train" / "mf_train.yaml")],
+                             capture_output=True, text=True, env={**os.environ, "COLUMNS": "240"})
+    return {"yaml": str(out / "train" / "mf_train.yaml"), "golden": str(out / "train" / "golden" / "metrics.jsonl"),
+            "output_dir": str(out / "train" / "mf_output"),
+            "hparams": {"exit": hparams.returncode, "all_agree": "all knobs agree" in hparams.stdout,
+                        "steps_trained": [ln.strip() for ln in hparams.stdout.splitlines() if "steps_trained" in ln],
+                        "tail": (hparams.stdout + hparams.stderr)[-1500:]}}
 
 
 # ---------------------------------------------------------------- check (MindFormers env)
@@ -282,12 +288,19 @@ def _check_pinned_fields(report: dict) -> bool:
     for kind, table in pinned.LR_SCHEDULES.items():
         wanted[kind] = (names(getattr(lrs, kind).__init__), set(table))
     diffs = {k: {"package_only": sorted(a - b), "pinned_only": sorted(b - a)} for k, (a, b) in wanted.items() if a != b}
+    from mindformers.core.callback import callback as callbacks  # TrainCallBack is registered, not exported
+
+    for kind, table in pinned.CALLBACKS.items():  # the arguments written: a subset of each __init__'s
+        missing = set(table) - names(getattr(callbacks, kind).__init__)
+        if missing:
+            diffs[kind] = {"package_only": [], "pinned_only": sorted(missing)}
     report["pinned_field_table_differences"] = diffs
     return not diffs
 
 
-def train(yaml_path: str, steps: int, log: str) -> None:
-    """MindFormers' own Trainer on the YAML for `steps` steps; per-step loss, lr, global norm to `log`."""
+def train(yaml_path: str, log: str) -> None:
+    """MindFormers' own Trainer on the YAML, for as many steps as MindFormers runs it (nothing here stops
+    it); per-step loss, lr, global norm to `log`."""
     import mindspore as ms
     from mindspore import ops
     from mindspore.nn.wrap.loss_scale import TrainOneStepWithLossScaleCell
@@ -314,27 +327,43 @@ def train(yaml_path: str, steps: int, log: str) -> None:
             self.rows.append({"step": cb.cur_step_num, "loss": float(loss.asnumpy()), "lr": float(lr.asnumpy()),
                               "grad_norm": float(norm.asnumpy())})
             Path(log).write_text(json.dumps(self.rows))
-            if cb.cur_step_num >= steps:  # 2.0.0 ignores runner_config.stop_step
-                run_context.request_stop()
 
     config = MindFormerConfig(yaml_path)
     build_context(config)
     Trainer(args=config, callbacks=[Record()]).train()
 
 
+def _last_checkpoint(output_dir: str) -> dict:
+    """The training state of the last checkpoint MindFormers wrote (CheckpointMonitor's append_info)."""
+    import mindspore as ms
+
+    files = sorted(Path(output_dir).glob("checkpoint/rank_0/*.ckpt"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        return {"files": []}
+    state = ms.load_checkpoint(str(files[-1]), choice_func=lambda n: n in ("global_step", "step_num", "epoch_num"))
+    return {"files": [f.name for f in files],
+            **{k: int(v.asnumpy().reshape(-1)[0]) for k, v in state.items()}}
+
+
 def _check_training(entry: dict, out: Path, report: dict) -> bool:
     log = out / "train" / "mf_metrics.json"
-    subprocess.run([sys.executable, __file__, "train", entry["yaml"], str(TRAIN_STEPS), str(log)], check=True,
+    subprocess.run([sys.executable, __file__, "train", entry["yaml"], str(log)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     mf = json.loads(log.read_text())
+    ckpt = _last_checkpoint(entry["output_dir"])
     golden = [json.loads(line) for line in Path(entry["golden"]).read_text().splitlines()]
     # strict=False: `ok` checks both lengths against TRAIN_STEPS, so a short run is reported, not raised
     rel = [abs(m["loss"] - g["loss"]) / g["loss"] for g, m in zip(golden, mf, strict=False)]
     lr = [abs(m["lr"] - g["lr"]) / max(g["lr"], 1e-30) if g["lr"] else abs(m["lr"])
           for g, m in zip(golden, mf, strict=False)]
     norm = [abs(m["grad_norm"] - g["grad_norm"]) / g["grad_norm"] for g, m in zip(golden, mf, strict=False)]
-    ok = len(mf) == len(golden) == TRAIN_STEPS and rel[0] <= 1e-6 and max(rel) <= 1e-5 and max(lr) <= 1e-6
-    report.update(steps=len(mf), first_loss_rel=rel[0], max_loss_rel=max(rel), max_lr_rel=max(lr),
+    # MindFormers itself stops at total_steps: its step log, its optimizer's global_step in the last checkpoint
+    exact = (len(mf) == len(golden) == TRAIN_STEPS and mf[-1]["step"] == TRAIN_STEPS
+             and ckpt.get("global_step") == TRAIN_STEPS)
+    ok = (exact and rel[0] <= 1e-6 and max(rel) <= 1e-5 and max(lr) <= 1e-6
+          and entry["hparams"]["exit"] == 0 and entry["hparams"]["all_agree"])
+    report.update(steps=len(mf), last_step=mf[-1]["step"] if mf else None, checkpoint=ckpt,
+                  hparams=entry["hparams"], first_loss_rel=rel[0], max_loss_rel=max(rel), max_lr_rel=max(lr),
                   max_grad_norm_rel=max(norm), ok=ok)
     return ok
 
@@ -364,6 +393,6 @@ if __name__ == "__main__":
     if command == "prepare":
         prepare(Path(sys.argv[2]))
     elif command == "train":
-        train(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        train(sys.argv[2], sys.argv[3])
     else:
         sys.exit(check(Path(sys.argv[2])))

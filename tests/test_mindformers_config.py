@@ -1,24 +1,27 @@
 """`migrate mindformers-config` / `convert --mindformers-yaml`: the MindFormers 2.0.0 run YAML.
 
-What MindFormers itself does with these YAMLs (build, strict load, logits, 12 training steps
+What MindFormers itself does with these YAMLs (build, strict load, logits, 20 training steps
 against the golden) is tests/test_mindformers_live.py, which needs a MindFormers env. Here:
 the YAML against the pinned field table, the values it carries, the layouts and every refusal.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import yaml
 
 from family_fixtures import build_family_model
+from hf_fixtures import build_hf_model, save_hf_model
 from mf_fixtures import make_mf_root
 from migrate.cli import main
 from migrate.convert import convert
 from migrate.errors import MigrateError
 from migrate.mindformers.fields import check_run_yaml
+from migrate.mindformers.hparams_vs_golden import planned_steps, steps_trained
 from migrate.mindformers.model import check_expressible
-from migrate.mindformers.run import mindformers_run
+from migrate.mindformers.run import PREDICT_SEQ_LENGTH, mindformers_run
 from migrate.mindformers.table import TABLE
 from migrate.models.config import LlamaConfig
 from migrate.train.config import RunConfig
@@ -67,12 +70,48 @@ def test_fused_and_cpu_yaml(root, cfg):
     assert doc["runner_config"]["batch_size"] == 8 and doc["runner_config"]["gradient_accumulation_steps"] == 1
 
 
+@pytest.mark.parametrize("device", ["cpu", "ascend"])
+@pytest.mark.parametrize("total", [40, 50, 100, 120, 137])
+def test_mindformers_trains_exactly_total_steps(cfg, device, total):
+    """400 rows / global batch 8 = 50 steps per epoch; by MindFormers' own arithmetic (check_runner_config,
+    Model.train, TrainCallBack), as `migrate hparams --mindformers` computes it, the run is total_steps long."""
+    doc = mindformers_run(run_config=cfg.replace(total_steps=total), device=device).doc
+    assert check_run_yaml(doc) == []
+    assert steps_trained(doc, 400, 8) == total and doc["lr_schedule"]["total_steps"] == total
+    stops = [c for c in doc["callbacks"] if c["type"] == "TrainCallBack"]
+    if device == "cpu":  # no dataset sink on CPU: whole epochs, stopped by the callback MindFormers adds
+        assert doc["runner_config"]["sink_mode"] is False and doc["runner_config"]["epochs"] == math.ceil(total / 50)
+        assert stops == [{"type": "TrainCallBack", "stop_step": total}]
+        assert planned_steps(doc, 400, 8) == 50 * math.ceil(total / 50)
+    else:
+        assert doc["runner_config"]["sink_size"] == 1 and stops == []
+
+
+def test_on_cpu_mindspore_runs_a_sink_yaml_without_the_sink(cfg):
+    doc = mindformers_run(run_config=cfg).doc  # Ascend: 40 sinks of 1 step
+    assert steps_trained(doc, 400, 8) == 40
+    doc["context"]["device_target"] = "CPU"  # MindSpore's Model.train takes the non-sink loop: 40 whole epochs
+    assert steps_trained(doc, 400, 8) == 40 * 50 and planned_steps(doc, 400, 8) == 40
+
+
+def test_a_remainder_of_rows_is_noted_when_epochs_repeat(root, cfg):
+    (root / "data4").mkdir(exist_ok=True)
+    meta = (root / "data" / "data.json").read_text().replace('"samples": 400', '"samples": 404')
+    (root / "data4" / "data.json").write_text(meta)
+    notes = mindformers_run(run_config=cfg.replace(data=str(root / "data4"), total_steps=60), device="cpu").notes
+    assert any("drops the last 4 rows of every epoch" in n and "from step 51" in n for n in notes)
+    assert not any("drop" in n for n in mindformers_run(run_config=cfg, device="cpu").notes)
+
+
 def test_pinned_field_check_fails_on_a_wrong_yaml(cfg):
     doc = mindformers_run(run_config=cfg).doc
     doc["model"]["model_config"]["head_dim"] = 8          # HF's name: the legacy Llama ignores it
     doc["model"]["model_config"]["pad_token_id"] = None   # fails later in MindFormers' NotEqual
     doc["runner_wrapper"]["type"] = "TrainOneStepCell"
+    doc["callbacks"] += [{"type": "EarlyStop", "stop_step": 3}, {"type": "TrainCallBack", "stop_steps": 3}]
     problems = check_run_yaml(doc)
+    assert any("callbacks[2].type 'EarlyStop' is not one of" in p for p in problems)
+    assert any("callbacks[3].stop_steps is not a MindFormers 2.0.0 field" in p for p in problems)
     assert any("head_dim is not a MindFormers 2.0.0 field" in p for p in problems)
     assert any("pad_token_id = None" in p for p in problems)
     assert any("runner_wrapper.type 'TrainOneStepCell'" in p for p in problems)
@@ -170,6 +209,25 @@ def test_convert_writes_the_yaml_beside(root, tmp_path):
     doc = yaml.safe_load((tmp_path / "mf.yaml").read_text())
     assert check_run_yaml(doc) == [] and doc["model"]["model_config"]["qkv_concat"]
     assert doc["model"]["model_config"]["seq_length"] == 32 and doc["run_mode"] == "predict"
+
+
+def test_a_predict_yaml_caps_the_default_seq_length(root, tmp_path, capsys):
+    """MindFormers pads every prompt to seq_length; a model's max_position_embeddings (8,192 for SmolLM2-135M)
+    is too long a default: it is capped, --seq-length sets it, a shorter model keeps its own."""
+    save_hf_model(build_hf_model("gqa", max_position_embeddings=8192), tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ms"), "--mindformers-yaml",
+                 str(tmp_path / "mf.yaml"), "--device", "cpu"]) == 0
+    text = (tmp_path / "mf.yaml").read_text()
+    mc = yaml.safe_load(text)["model"]["model_config"]
+    assert PREDICT_SEQ_LENGTH == 512 and (mc["seq_length"], mc["max_position_embedding"]) == (512, 8192)
+    assert "# note: seq_length 512 (max_position_embeddings 8192 capped at 512; --seq-length sets it)" in text
+    assert "note: seq_length 512" in capsys.readouterr().out
+    run = mindformers_run(tmp_path / "ms", device="cpu", seq_length=4096)
+    assert run.doc["model"]["model_config"]["seq_length"] == 4096 and "seq_length 4096 (--seq-length)" in run.notes[0]
+    assert mindformers_run(root / "ms").doc["model"]["model_config"]["seq_length"] == 64  # its own 64
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ms2"), "--mindformers-yaml",
+                 str(tmp_path / "mf2.yaml"), "--device", "cpu", "--seq-length", "1024"]) == 0
+    assert yaml.safe_load((tmp_path / "mf2.yaml").read_text())["model"]["model_config"]["seq_length"] == 1024
 
 
 def test_translation_table_covers_every_run_yaml_knob():

@@ -44,6 +44,16 @@ def test_the_emitted_yaml_agrees_knob_by_knob(setup, capsys):
     assert "all knobs agree" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("total", [40, 137])
+def test_the_cpu_yaml_agrees_and_trains_exactly_total_steps(setup, total):
+    root, cfg, _ = setup  # 400 rows / 8 = 50 steps per epoch: 137 is not whole epochs
+    run = cfg.replace(total_steps=total)
+    report = report_for(root, run, mindformers_run(run_config=run, device="cpu").doc, f"cpu{total}.yaml")
+    assert report.first_difference is None, report.first_difference
+    row = report.row("steps_trained")
+    assert row.mindspore == total and f"TrainCallBack stop_step {total}" in row.detail
+
+
 def _set(doc, path, value):
     node = doc
     *parents, leaf = path.split(".")
@@ -72,6 +82,9 @@ FAULTS = {  # name: (YAML edits, first difference)
                                      "num_training_steps"),
     "total_steps -1 and one epoch too many": ({"lr_schedule.total_steps": -1, "runner_config.epochs": 1},
                                               "num_training_steps"),
+    "the Ascend YAML run on CPU (no dataset sink: 40 whole epochs)": ({"context.device_target": "CPU"},
+                                                                      "steps_trained"),
+    "a TrainCallBack stopping early": ({"callbacks": [{"type": "TrainCallBack", "stop_step": 30}]}, "steps_trained"),
     "seed": ({"seed": 4}, "seed"),
     "rms_norm_eps 1e-5 (the model has 1e-6)": ({"model.model_config.rms_norm_eps": 1e-5}, "model.rms_norm_eps"),
     "pad_token_id left at MindFormers' 0": ({"model.model_config.pad_token_id": None}, "model.pad_token_id"),

@@ -29,4 +29,9 @@ def test_mindformers_builds_loads_matches_and_trains_like_the_golden(tmp_path):
     assert done.returncode == 0 and report.get("ok"), json.dumps(report, indent=1) or done.stderr[-3000:]
     for name, case in report["models"].items():
         assert case["not_loaded"] == case["unused"] == [] and case["logits_max_abs"] <= 1e-5, name
-    assert report["training"]["max_loss_rel"] <= 1e-5
+    training = report["training"]
+    assert training["max_loss_rel"] <= 1e-5
+    # MindFormers stopped itself at run.yaml's total_steps (nothing in the check stops it) ...
+    assert training["steps"] == training["last_step"] == training["checkpoint"]["global_step"] == 20, training
+    # ... and `migrate hparams run.yaml --mindformers` finds every knob the same
+    assert training["hparams"]["exit"] == 0 and training["hparams"]["all_agree"], training["hparams"]["tail"]

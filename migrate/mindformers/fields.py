@@ -11,6 +11,8 @@ checked here without MindFormers installed:
     core/lr/lr_schedule.py                   *WarmUpLR                     lr_schedule
     wrapper/wrapper.py                       MFTrainOneStepCell,           runner_wrapper
                                              MFPipelineWithLossScaleCell
+    core/callback/callback.py                MFLossMonitor,                callbacks
+                                             CheckpointMonitor, TrainCallBack
     mindspore.nn.DynamicLossScaleUpdateCell                                runner_wrapper.scale_sense
     trainer/base_trainer.py, trainer/utils.py (runner_config.*, recompute_config.*)
 
@@ -90,6 +92,14 @@ DYNAMIC_LOSS_SCALE: dict[str, str] = {"type": "str", "loss_scale_value": "float"
 RUNNER_CONFIG: dict[str, str] = {"epochs": "int|float", "batch_size": "int", "sink_mode": "bool", "sink_size": "int",
                                  "gradient_accumulation_steps": "int", "initial_epoch": "int", "initial_step": "int",
                                  "stop_step": "int"}
+# The callbacks the YAML lists (core/callback/callback.py, registered by name; base_trainer.py builds each listed
+# one): the arguments migrate writes, a subset of each __init__'s.
+CALLBACKS: dict[str, dict[str, str]] = {
+    "MFLossMonitor": {},
+    "CheckpointMonitor": {"prefix": "str", "save_checkpoint_steps": "int", "keep_checkpoint_max": "int",
+                          "integrated_save": "bool", "async_save": "bool"},
+    "TrainCallBack": {"stop_step": "int"},
+}
 RECOMPUTE_CONFIG: dict[str, str] = {"recompute": "bool", "select_recompute": "bool",
                                     "parallel_optimizer_comm_recompute": "bool", "select_comm_recompute": "bool",
                                     "mp_comm_recompute": "bool", "recompute_slice_activation": "bool"}
@@ -162,6 +172,12 @@ def check_run_yaml(doc: dict) -> list[str]:
                 problems += _check_section("runner_wrapper.scale_sense", scale, DYNAMIC_LOSS_SCALE)
     if "runner_config" in doc:
         problems += _check_section("runner_config", doc["runner_config"], RUNNER_CONFIG)
+    for i, callback in enumerate(doc.get("callbacks") or []):
+        kind = callback.get("type") if isinstance(callback, dict) else None
+        if kind not in CALLBACKS:
+            problems.append(f"callbacks[{i}].type {kind!r} is not one of {', '.join(CALLBACKS)}")
+        else:
+            problems += _check_section(f"callbacks[{i}]", callback, {"type": "str", **CALLBACKS[kind]})
     if "recompute_config" in doc:
         problems += _check_section("recompute_config", doc["recompute_config"], RECOMPUTE_CONFIG)
     return problems

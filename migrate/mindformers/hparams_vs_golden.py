@@ -14,7 +14,9 @@ MindFormers side is what MindFormers 2.0.0 does with the YAML, restated from its
   MFPipelineWithLossScaleCell divides by micro_batch_num, while micro_batch_interleave_num
   sums its pieces undivided (mindspore.nn.MicroBatchInterleaved);
 - the lr of every step from the schedule's formula (`schedule`), total_steps -1 meaning
-  the steps trained (epochs × dataset size, with the sink arithmetic of trainer/utils.py);
+  the steps planned (epochs × dataset size, with the sink arithmetic of trainer/utils.py);
+- the steps trained: the steps planned, run as MindSpore runs them (no dataset sink on a CPU
+  device_target), up to the stop_step of a TrainCallBack listed in `callbacks`;
 - the model_config fields that change what the model computes, MindFormers' defaults
   standing in for omitted ones, against what `migrate mindformers-config` writes.
 """
@@ -93,8 +95,10 @@ def batching(doc: dict) -> dict:
             "wrapper": "MFPipelineWithLossScaleCell" if accum > 1 else _section(doc, "runner_wrapper").get("type")}
 
 
-def steps_trained(doc: dict, samples: int | None, global_batch: int) -> int | None:
-    """Optimizer steps MindFormers runs: epochs × dataset size (trainer/utils.py check_runner_config)."""
+def planned_steps(doc: dict, samples: int | None, global_batch: int) -> int | None:
+    """The steps MindFormers plans, which lr_schedule.total_steps -1 becomes (base_trainer.py
+    create_lr_scheduler): epochs × sink_size in sink mode, after check_runner_config (trainer/utils.py)
+    turned epochs into int(dataset_size / sink_size × epochs) sinks; else epochs × dataset size."""
     if samples is None:
         return None
     runner = _section(doc, "runner_config")
@@ -106,6 +110,35 @@ def steps_trained(doc: dict, samples: int | None, global_batch: int) -> int | No
             return int(size * epochs)
         return int(size / sink * epochs) * sink
     return int(epochs) * size
+
+
+def stop_steps(doc: dict) -> list[int]:
+    """stop_step of each TrainCallBack listed in `callbacks` (the only ones MindFormers 2.0.0 adds)."""
+    found = []
+    for cb in doc.get("callbacks") or []:
+        if isinstance(cb, dict) and cb.get("type") == "TrainCallBack" and cb.get("stop_step") is not None:
+            found.append(int(cb["stop_step"]))
+    return found
+
+
+def steps_trained(doc: dict, samples: int | None, global_batch: int) -> int | None:
+    """Optimizer steps MindFormers runs. Model.train gets check_runner_config's epochs (trainer/utils.py)
+    and runs sink_size steps each, but on a CPU device_target MindSpore runs the non-sink loop whatever
+    sink_mode says: whole datasets per epoch. A TrainCallBack stops it at stop_step."""
+    if samples is None:
+        return None
+    runner = _section(doc, "runner_config")
+    size = samples // global_batch
+    epochs = runner.get("epochs", 1)
+    cpu = str(_section(doc, "context").get("device_target", "Ascend")).upper() == "CPU"
+    if runner.get("sink_mode", True):
+        sink = int(runner.get("sink_size", -1))
+        if sink != -1:
+            epochs = int(size / sink * epochs)
+        steps = int(epochs) * (size if cpu or sink == -1 else sink)
+    else:
+        steps = int(epochs) * size
+    return min([steps, *stop_steps(doc)])
 
 
 def _samples(doc: dict, cfg: RunConfig) -> int | None:
@@ -132,17 +165,18 @@ def mf_knobs(doc: dict, cfg: RunConfig) -> dict:
     clip = wrapper.get("use_clip_grad", batch["wrapper"] == "MFPipelineWithLossScaleCell")
     samples = _samples(doc, cfg)
     trained = steps_trained(doc, samples, batch["global_batch"])
+    planned = planned_steps(doc, samples, batch["global_batch"])
     section = dict(_section(doc, "lr_schedule"))
     if doc.get("lr_scale") and "learning_rate" in section:
         section["learning_rate"] = section["learning_rate"] * batch["global_batch"] / doc.get("lr_scale_factor", 256)
-    sched = mf_schedule.effective(section, trained)
+    sched = mf_schedule.effective(section, planned)
     scale = wrapper.get("scale_sense", 1.0)
     return {
         "optimizer": kind, "betas": betas, "eps": float(opt.get("eps", eps)),
         "weight_decay": float(opt.get("weight_decay") or 0.0), "bias_correction": bias_correction,
         "clip_max_norm": float(wrapper.get("max_grad_norm", 1.0)) if clip else None,
         "batching": batch, "schedule": sched, "steps_trained": trained,
-        "lr": mf_schedule.table(section, cfg.total_steps, trained),
+        "lr": mf_schedule.table(section, cfg.total_steps, planned), "stop_steps": stop_steps(doc),
         "loss_scale": (float(scale["loss_scale_value"]), float(scale["scale_factor"]),
                        1.0 / float(scale["scale_factor"]), int(scale["scale_window"]))
         if isinstance(scale, dict) else None,
@@ -253,8 +287,9 @@ def mf_hparams_report(cfg: RunConfig, mf_yaml: str | Path, *, trust: bool = Fals
     rows.append(_lr_row(g["lr"], m["lr"]))
     rows.append(HparamRow("steps_trained", cfg.total_steps, m["steps_trained"],
                           m["steps_trained"] is None or m["steps_trained"] == cfg.total_steps,
-                          "epochs × dataset size" if m["steps_trained"] is not None else
-                          "dataset size unknown: not compared"))
+                          ("epochs × dataset size" + (f", TrainCallBack stop_step {min(m['stop_steps'])}"
+                                                      if m["stop_steps"] else ""))
+                          if m["steps_trained"] is not None else "dataset size unknown: not compared"))
     rows.append(HparamRow("seed", cfg.seed, m["seed"], cfg.seed == m["seed"]))
     rows += _model_rows(m["model"], cfg, trust)
     return HparamsReport(rows)

@@ -3,8 +3,8 @@
 MindFormers' legacy `LlamaForCausalLM` (use_legacy: True) loads `migrate convert`'s
 checkpoints by name (plain and `--qkv-concat`). Its `LlamaConfig` is not HF's:
 
-- `seq_length` is the training input length; HF's max_position_embeddings is
-  `max_position_embedding` (the RoPE table);
+- `seq_length` is the input length (run.yaml's; a predict YAML's is capped, `run.PREDICT_SEQ_LENGTH`);
+  HF's max_position_embeddings is `max_position_embedding` (the RoPE table);
 - `param_init_type` defaults to float16, and `load_param_into_net` refuses a checkpoint
   of another dtype: it must name the checkpoint's dtype;
 - every token equal to `pad_token_id` is masked out of attention and out of the loss

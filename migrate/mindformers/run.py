@@ -36,6 +36,17 @@ from migrate.parallel.layout import Layout, validate
 from migrate.train.config import RunConfig
 
 MARKER = "# written by migrate mindformers-config"
+# A predict YAML's default seq_length is at most this. MindFormers' generate pads every prompt to seq_length
+# and, without use_past (these YAMLs leave it off), runs all seq_length positions for every new token, so memory
+# and time grow with it. Measured with MindFormers 2.0.0 on CPU, SmolLM2-135M's shape in fp32, one forward:
+# 4.3 GB peak at 512, 8.9 GB at 1024, killed for memory (22 GB) at 2048; at its max_position_embeddings of
+# 8,192 a 24 GB process was killed. MindFormers' own Llama 3.1 predict YAML has seq_length 512 too.
+PREDICT_SEQ_LENGTH = 512
+
+
+def predict_seq_length(config: LlamaConfig, seq_length: int | None) -> int:
+    """A predict YAML's seq_length: --seq-length, else max_position_embeddings capped at PREDICT_SEQ_LENGTH."""
+    return seq_length or min(config.seq_length, PREDICT_SEQ_LENGTH)
 
 
 @dataclass
@@ -52,7 +63,20 @@ def precheck_hf(src_dir: str | Path, keymap: str, target: str | None, seq_length
     km = resolve(keymap, raw).for_source(raw).with_target(target)
     fields = km.hf_to_ms_config(load_hf_config(src_dir))
     config = LlamaConfig.from_dict({k: v for k, v in fields.items() if k != TARGET_FIELD})
-    check_expressible(config, seq_length or config.seq_length, km.name, target)
+    check_expressible(config, predict_seq_length(config, seq_length), km.name, target)
+
+
+def _predict_note(config: LlamaConfig, asked: int | None) -> str:
+    chosen = predict_seq_length(config, asked)
+    if asked:
+        why = "--seq-length"
+    elif chosen < config.seq_length:
+        why = f"max_position_embeddings {config.seq_length} capped at {PREDICT_SEQ_LENGTH}; --seq-length sets it"
+    else:
+        why = "max_position_embeddings; --seq-length sets it"
+    return (f"seq_length {chosen} ({why}): MindFormers pads every prompt to seq_length, prompt plus new tokens must "
+            "fit in it, and without use_past each new token runs all seq_length positions (memory and time grow "
+            "with it)")
 
 
 def _checkpoint(ms_dir: Path) -> tuple[str, str, str]:
@@ -112,9 +136,11 @@ def mindformers_run(ms_dir: str | Path | None = None, run_config: RunConfig | No
         seq_length = seq_length or run_config.seq_length
         if seq_length != run_config.seq_length:
             raise MigrateError(f"--seq-length {seq_length} differs from run.yaml's seq_length {run_config.seq_length}")
-    seq_length = seq_length or config.seq_length
-    load_path, fmt, params = _checkpoint(ms_dir)
     notes: list[str] = []
+    if run_config is None:
+        notes.append(_predict_note(config, seq_length))
+        seq_length = predict_seq_length(config, seq_length)
+    load_path, fmt, params = _checkpoint(ms_dir)
     if run_config is None:
         precision, batch = params, None
     else:
@@ -204,7 +230,7 @@ def _training(cfg: RunConfig, batch: mf_train.Batching, cpu: bool, notes: list[s
         "callbacks": [{"type": "MFLossMonitor"},
                       {"type": "CheckpointMonitor", "prefix": "llama", "save_checkpoint_steps": interval,
                        "keep_checkpoint_max": cfg.keep_checkpoints or 1, "integrated_save": False,
-                       "async_save": False}],
+                       "async_save": False}] + ([mf_train.stop_callback(cfg)] if cpu else []),
         "profile": False,
     }
 

@@ -46,13 +46,18 @@ TABLE: tuple[Translation, ...] = (
                 "warmup_steps is always written",
                 "core/lr/lr_schedule.py, core/optim/adamw.py construct (get_lr before assignadd)",
                 "7 schedules, every step vs transformers.get_scheduler: ≤ 1.1e-7 × peak lr"),
-    Translation("total_steps", "lr_schedule.total_steps; runner_config {epochs, sink_mode: true, sink_size: 1}",
+    Translation("total_steps", "lr_schedule.total_steps; Ascend: runner_config {epochs, sink_mode: true, "
+                "sink_size: 1}; CPU: runner_config {epochs: whole epochs, sink_mode: false} + callbacks "
+                "TrainCallBack {stop_step: total_steps}",
                 "MindFormers trains int(dataset_size / sink_size × epochs) sink steps of 1: epochs is chosen so that "
-                "this is total_steps (never total_steps: -1)",
-                "runner_config.stop_step is ignored by 2.0.0 (its TrainCallBack is built, never added); on CPU (no "
-                "dataset sink) whole epochs run: stop after total_steps",
-                "trainer/utils.py check_runner_config, trainer/base_trainer.py create_lr_scheduler",
-                "12-step CPU run stops at step 12"),
+                "this is total_steps (never total_steps: -1); on CPU MindSpore's Model.train runs no dataset sink "
+                "(whatever sink_mode says), so whole epochs are planned and TrainCallBack, which MindFormers builds "
+                "from `callbacks`, stops the run at total_steps",
+                "runner_config.stop_step is ignored by 2.0.0 (its TrainCallBack is built, never added)",
+                "trainer/utils.py check_runner_config, trainer/base_trainer.py create_lr_scheduler and callbacks, "
+                "core/callback/callback.py TrainCallBack, mindspore/train/model.py train",
+                "CPU run planned as 2 epochs of 12 stops itself at step 20: 20 steps logged, global_step 20 in its "
+                "last checkpoint (24 steps without the callback, 240 with sink_mode true)"),
     Translation("max_grad_norm", "runner_wrapper {use_clip_grad, max_grad_norm}",
                 "ClipGradNorm: coefficient max/(norm + 1e-6) when norm ≥ max, as clip_grad_norm_",
                 "below max_norm it still multiplies by max/(max + 1e-6) (1 − 1e-6/max) where torch leaves the "
@@ -110,8 +115,13 @@ TABLE: tuple[Translation, ...] = (
                 "file, or the folder of shards)", "strict load: nothing missing or unused", "peak_flops and lora "
                 "are not translated", "trainer/utils.py get_load_checkpoint_result", "7 models load strictly"),
     Translation("model.seq_length (HF max_position_embeddings)", "model_config.max_position_embedding; "
-                "model_config.seq_length = the training length",
-                "MindFormers' seq_length is the input length", "", "llama_config.py, FreqsMgr", "logits"),
+                "model_config.seq_length = the training length; predict: max_position_embeddings up to 512, or "
+                "--seq-length",
+                "MindFormers' seq_length is the input length",
+                "predict pads every prompt to seq_length and without use_past runs all of it per new token, so a "
+                "predict YAML's default is capped (SmolLM2-135M's shape on CPU: 4.3 GB at 512, 8.9 at 1024, out "
+                "of memory at 2048)", "llama_config.py, FreqsMgr; generation/text_generator.py",
+                "logits; one forward's peak memory at 512/1024/2048"),
     Translation("model.pad_token_id", "pad_token_id: -1",
                 "MindFormers masks tokens equal to pad_token_id out of attention and loss; the golden's packed rows "
                 "mask nothing", "", "llama.py construct, LowerTriangularMaskWithDynamic", "logits"),

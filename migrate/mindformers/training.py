@@ -120,23 +120,39 @@ def steps_per_epoch(samples: int, global_batch: int) -> int:
     return samples // global_batch
 
 
+def stop_callback(cfg: RunConfig) -> dict:
+    """The callback that stops MindFormers 2.0.0 at total_steps: its TrainCallBack, listed in `callbacks`
+    (base_trainer.py builds every listed callback; runner_config.stop_step builds one it never adds)."""
+    return {"type": "TrainCallBack", "stop_step": int(cfg.total_steps)}
+
+
 def runner_section(cfg: RunConfig, batch: Batching, samples: int, cpu: bool) -> tuple[dict, list[str]]:
-    """runner_config: MindFormers trains epochs × dataset-size steps (2.0.0 builds a TrainCallBack for
-    runner_config.stop_step but never adds it), so epochs is chosen for exactly total_steps."""
+    """runner_config: MindFormers trains epochs × dataset-size steps, so epochs is chosen for exactly
+    total_steps; on CPU, which has no dataset sink, whole epochs are planned and `stop_callback` ends
+    the run at total_steps."""
     spe = steps_per_epoch(samples, batch.global_batch)
     section = {"batch_size": batch.batch_size, "gradient_accumulation_steps": batch.accumulation}
-    if cpu:  # no dataset sink on CPU: whole epochs only
-        epochs = math.ceil(cfg.total_steps / spe)
-        section.update(epochs=epochs, sink_mode=False)
-        notes = [] if epochs * spe == cfg.total_steps else [
-            f"CPU (no dataset sink): {epochs} whole epochs = {epochs * spe} steps; stop it after "
-            f"{cfg.total_steps} (lr_schedule.total_steps is {cfg.total_steps})"]
+    notes = data_order_notes(cfg, samples, batch.global_batch, spe)
+    if cpu:
+        # MindSpore's Model.train runs the non-sink loop on CPU even with dataset_sink_mode True, for the epochs
+        # MindFormers computed for sinks: sink_size 1 would train total_steps whole epochs.
+        section.update(epochs=math.ceil(cfg.total_steps / spe), sink_mode=False)
         return section, notes
     epochs: float | int = cfg.total_steps // spe if cfg.total_steps % spe == 0 else round(
         (cfg.total_steps + 0.5) / spe, 6)
     assert int(spe * epochs) == cfg.total_steps  # MindFormers: int(dataset_size / sink_size * epochs) sink steps
     section.update(epochs=epochs, sink_mode=True, sink_size=1)
-    return section, []
+    return section, notes
+
+
+def data_order_notes(cfg: RunConfig, samples: int, global_batch: int, spe: int) -> list[str]:
+    """MindFormers batches each epoch with drop_remainder; the golden draws rows on across epochs."""
+    left = samples - spe * global_batch
+    if not left or cfg.total_steps <= spe or cfg.shuffle:
+        return []
+    return [f"data order: {samples} rows are not a multiple of the global batch {global_batch}; MindFormers drops "
+            f"the last {left} rows of every epoch (drop_remainder) where the golden draws them and wraps, so from "
+            f"step {spe + 1} the batches differ (tokenize a multiple of {global_batch} rows for the same batches)"]
 
 
 def dataset_section(cfg: RunConfig, mindrecord: str, batch: Batching, cpu: bool) -> dict:
