@@ -6,15 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from migrate.cli_verbs import arguments, trust_argument, verb
+from migrate.cli_verbs import Output, arguments, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 
 _RUNNER_ONLY = ("inject", "grads", "generate", "adapter", "text")
 
 
+def code_files(*specs) -> list:
+    """The files a `file.py:factory` side names (a plain module name or a folder names none)."""
+    return [s.rpartition(":")[0] for s in specs if s and ":" in s]
+
+
 @verb("dump", "run one side (HF folder, converted folder or module:factory) and write "
-              "every module's outputs to a dump folder")
+              "every module's outputs to a dump folder",
+      writes=(Output("out"),), reads=("side", "inputs", "keymap", lambda a: code_files(a.side)))
 def _cmd_dump(args) -> int:
     from migrate.probe.dumping import dump
     from migrate.ui import console
