@@ -17,7 +17,6 @@ import sys
 from migrate import __version__
 from migrate.cli_mindformers import YAML_FIRST_LINE
 from migrate.cli_probe import code_files
-from migrate.cli_train import run_yaml_paths
 from migrate.cli_verbs import Output, add_verbs, arguments, guard_outputs, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
@@ -27,7 +26,7 @@ from migrate.keymap import available
 @verb("convert", "HF checkpoint folder -> MindSpore checkpoint folder",
       writes=(Output("out_dir"), Output("mindformers_yaml", "file", overwrite="yaml_overwrite",
                                          first_line=YAML_FIRST_LINE)),
-      reads=("src_dir", "keymap", "mindformers_run", lambda a: run_yaml_paths(a.mindformers_run)))
+      reads=("src_dir", "keymap", "mindformers_run"))  # run.yaml's knobs only: its ms_model may be OUT_DIR
 def _cmd_convert(args) -> int:
     from migrate.convert import convert
     from migrate.ui import console, progress_bar
