@@ -18,9 +18,17 @@ def code_files(*specs) -> list:
     return [s.rpartition(":")[0] for s in specs if s and ":" in s]
 
 
+def _new_inputs(args):
+    """--inputs FILE is written (seeded ids) when it does not exist yet: an output then."""
+    import os
+
+    return args.inputs if args.inputs and not os.path.lexists(args.inputs) else None
+
+
 @verb("dump", "run one side (HF folder, converted folder or module:factory) and write "
               "every module's outputs to a dump folder",
-      writes=(Output("out"),), reads=("side", "inputs", "keymap", lambda a: code_files(a.side)))
+      writes=(Output("out"), Output("inputs", "file", overwrite=None, value=_new_inputs)),
+      reads=("side", "inputs", "keymap", lambda a: code_files(a.side)))
 def _cmd_dump(args) -> int:
     from migrate.probe.dumping import dump
     from migrate.ui import console
