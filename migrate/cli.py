@@ -15,13 +15,18 @@ import os
 import sys
 
 from migrate import __version__
-from migrate.cli_verbs import add_verbs, arguments, trust_argument, verb
+from migrate.cli_mindformers import YAML_FIRST_LINE
+from migrate.cli_probe import code_files
+from migrate.cli_verbs import Output, add_verbs, arguments, guard_outputs, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 from migrate.keymap import available
 
 
-@verb("convert", "HF checkpoint folder -> MindSpore checkpoint folder")
+@verb("convert", "HF checkpoint folder -> MindSpore checkpoint folder",
+      writes=(Output("out_dir"), Output("mindformers_yaml", "file", overwrite="yaml_overwrite",
+                                         first_line=YAML_FIRST_LINE)),
+      reads=("src_dir", "keymap", "mindformers_run"))  # run.yaml's knobs only: its ms_model may be OUT_DIR
 def _cmd_convert(args) -> int:
     from migrate.convert import convert
     from migrate.ui import console, progress_bar
@@ -84,7 +89,8 @@ def _convert_arguments(p) -> None:
     add_yaml_options(p, standalone=False)
 
 
-@verb("export", "MindSpore checkpoint folder -> HF folder (inverse keymap)")
+@verb("export", "MindSpore checkpoint folder -> HF folder (inverse keymap)",
+      writes=(Output("out_dir"),), reads=("ms_dir", "keymap", "checkpoint"))
 def _cmd_export(args) -> int:
     from migrate.cli_infer import cmd_export_mindir, hf_only
 
@@ -157,7 +163,9 @@ def _inspect_arguments(p) -> None:
     p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")
 
 
-@verb("diff", "run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input")
+@verb("diff", "run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input",
+      writes=(Output("report", overwrite=None),),
+      reads=("hf_dir", "ms_dir", "keymap", "adapter", "mapping", "inputs", lambda a: code_files(a.hf_dir, a.ms_dir)))
 def _cmd_diff(args) -> int:
     from migrate.align.model_faults import all_faults
     from migrate.ui import console
@@ -237,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         # passes it down as `trust=` (and `migrate train` hands it to its msrun workers' environment).
         args.trust_model_class = args.trust_model_class or trust_from_env(os.environ)
     try:
+        guard_outputs(args)  # every declared output against every input, before the verb runs
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)
     except MigrateError as exc:

@@ -5,12 +5,13 @@ inside its function as in `migrate.cli`. Each verb is declared at its handler (`
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, group, trust_argument, verb
+from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 
 group("lora", "LoRA adapters: PEFT <-> MindSpore, merge into the base", dest="lora_command")
 
 
-@verb("lora export", "a LoRA run's adapter -> a PEFT folder PeftModel.from_pretrained loads")
+@verb("lora export", "a LoRA run's adapter -> a PEFT folder PeftModel.from_pretrained loads",
+      writes=(Output("out"),), reads=("adapter", "model"))
 def _cmd_export(args) -> int:
     from migrate.lora.transfer import export_adapter
     from migrate.ui import console
@@ -31,7 +32,8 @@ def _lora_export_arguments(p) -> None:
     trust_argument(p)
 
 
-@verb("lora import", "a PEFT adapter folder -> a MindSpore adapter on the converted model")
+@verb("lora import", "a PEFT adapter folder -> a MindSpore adapter on the converted model",
+      writes=(Output("out"),), reads=("peft_dir", "model"))
 def _cmd_import(args) -> int:
     from migrate.lora.transfer import import_adapter
     from migrate.ui import console
@@ -50,7 +52,8 @@ def _lora_import_arguments(p) -> None:
     trust_argument(p)
 
 
-@verb("lora merge", "base + scaling·B·A -> a converted folder (HF through `migrate export`)")
+@verb("lora merge", "base + scaling·B·A -> a converted folder (HF through `migrate export`)",
+      writes=(Output("out"),), reads=("adapter", "model"))
 def _cmd_merge(args) -> int:
     from migrate.lora.transfer import merge_adapter
     from migrate.ui import console

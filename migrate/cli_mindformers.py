@@ -5,8 +5,10 @@ Each verb is declared at its handler (`migrate.cli_verbs`); `convert --mindforme
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, trust_argument, verb
+from migrate.cli_verbs import Output, arguments, trust_argument, verb
 from migrate.errors import MigrateError
+
+YAML_FIRST_LINE = "# written by migrate mindformers-config"  # migrate.mindformers.run.MARKER (tested equal)
 
 
 def write_yaml(args, ms_dir, run_config=None) -> None:
@@ -29,7 +31,15 @@ def write_yaml(args, ms_dir, run_config=None) -> None:
     shown.print("  launch: " + run.launch.format(yaml=path), markup=False, highlight=False, soft_wrap=True)
 
 
-@verb("mindformers-config", "a MindSpore Transformers 2.0.0 run YAML for a converted folder (+ run.yaml's training)")
+def _run_yaml_paths(args):
+    from migrate.cli_train import run_yaml_paths
+
+    return run_yaml_paths(args.config)
+
+
+@verb("mindformers-config", "a MindSpore Transformers 2.0.0 run YAML for a converted folder (+ run.yaml's training)",
+      writes=(Output("out", "file", overwrite="yaml_overwrite", first_line=YAML_FIRST_LINE),),
+      reads=("ms_dir", "config", _run_yaml_paths))
 def _cmd_mindformers_config(args) -> int:
     from migrate.train.config import RunConfig
 

@@ -6,15 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from migrate.cli_verbs import arguments, trust_argument, verb
+from migrate.cli_verbs import Output, arguments, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 
 _RUNNER_ONLY = ("inject", "grads", "generate", "adapter", "text")
 
 
+def code_files(*specs) -> list:
+    """The files a `file.py:factory` side names (a plain module name or a folder names none)."""
+    return [s.rpartition(":")[0] for s in specs if s and ":" in s]
+
+
+def _new_inputs(args):
+    """--inputs FILE is written (seeded ids) when it does not exist yet: an output then."""
+    import os
+
+    return args.inputs if args.inputs and not os.path.lexists(args.inputs) else None
+
+
 @verb("dump", "run one side (HF folder, converted folder or module:factory) and write "
-              "every module's outputs to a dump folder")
+              "every module's outputs to a dump folder",
+      writes=(Output("out"), Output("inputs", "file", overwrite=None, value=_new_inputs)),
+      reads=("side", "inputs", "keymap", lambda a: code_files(a.side)))
 def _cmd_dump(args) -> int:
     from migrate.probe.dumping import dump
     from migrate.ui import console

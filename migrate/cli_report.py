@@ -2,11 +2,18 @@
 at its handler (`migrate.cli_verbs`)."""
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, verb
+from migrate.cli_verbs import Output, arguments, verb
+
+
+def _default(args):
+    from pathlib import Path
+
+    return Path(args.run) / "report.html"  # migrate.train.run_report.page.REPORT_FILE (tested equal)
 
 
 @verb("report", "one self-contained HTML page for a training run: curves, step time, "
-                "health events, effective hyperparameters")
+                "health events, effective hyperparameters",
+      writes=(Output("output", "file", overwrite=None, exempt=_default),), reads=("run", "golden", "noise"))
 def _cmd_report(args) -> int:
     from migrate.train.run_report import write_report
     from migrate.ui import console

@@ -5,13 +5,32 @@ function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, group, trust_argument, verb
+from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 from migrate.errors import MigrateError
+
+
+def run_yaml_paths(config) -> list:
+    """The paths a run.yaml names (data, models, the run folders); none without one."""
+    if not config:
+        return []
+    from migrate.train.config import RunConfig
+
+    cfg = RunConfig.load(config)
+    return [cfg.data, cfg.eval_data, cfg.hf_model, cfg.ms_model, cfg.out_dir.golden]
+
+
+def _beside(args) -> list:
+    """compare also reads the effective_hparams.json beside a metrics file it is given."""
+    from pathlib import Path
+
+    return [Path(x).parent / "effective_hparams.json" for x in (args.golden, args.ms) if Path(x).is_file()]
+
 
 group("data", "prepare training data", dest="data_command")
 
 
-@verb("data tokenize", "text files -> MindRecord + .npy twin for the golden script")
+@verb("data tokenize", "text files -> MindRecord + .npy twin for the golden script",
+      writes=(Output("out"),), reads=("files", "tokenizer"))
 def _cmd_data_tokenize(args) -> int:
     from migrate.checkpoints.output_guard import check_output
     from migrate.data.tokenize import tokenize_corpus
@@ -37,7 +56,9 @@ def _data_tokenize_arguments(p) -> None:
     p.add_argument("--overwrite", action="store_true")
 
 
-@verb("compare", "loss / lr / grad-norm of two training runs; exit 1 on drift")
+@verb("compare", "loss / lr / grad-norm of two training runs; exit 1 on drift",
+      writes=(Output("plot", "file", overwrite=None), Output("json", "file", overwrite=None)),
+      reads=("golden", "ms", "noise", "hparams", _beside))
 def _cmd_compare(args) -> int:
     from migrate.compare import compare_runs, print_summary, write_json, write_plot
     from migrate.ui import console
@@ -115,7 +136,9 @@ def _keymap_check_arguments(p) -> None:
     trust_argument(p)
 
 
-@verb("train", "continue pretraining the converted model on MindSpore")
+@verb("train", "continue pretraining the converted model on MindSpore",
+      writes=(Output("out", overwrite=None),),  # an existing run folder is continued (--resume)
+      reads=("config", lambda a: run_yaml_paths(a.config)))
 def _cmd_train(args) -> int:
     from migrate.train.config import RunConfig
     from migrate.train.launch.cluster import Cluster
@@ -162,7 +185,8 @@ def _train_arguments(p) -> None:
 group("ckpt", "work with training checkpoints", dest="ckpt_command")
 
 
-@verb("ckpt merge", "one single-process checkpoint from a multi-process one")
+@verb("ckpt merge", "one single-process checkpoint from a multi-process one",
+      writes=(Output("out"),), reads=("checkpoint",))
 def _cmd_ckpt_merge(args) -> int:
     from migrate.train.checkpoint.folder import merge_checkpoint
     from migrate.ui import console

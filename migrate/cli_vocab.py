@@ -5,7 +5,7 @@ its function, as in `migrate.cli`.
 """
 from __future__ import annotations
 
-from migrate.cli_verbs import arguments, group, trust_argument, verb
+from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "info": "dim"}
 
@@ -60,7 +60,9 @@ def _vocab_check_arguments(p) -> None:
 
 
 @verb("vocab resize", "grow or pad the embedding and lm_head of a converted model "
-                      "(and of its HF source with --hf, so diff still pairs)")
+                      "(and of its HF source with --hf, so diff still pairs)",
+      writes=(Output("out_dir"), Output("hf", value=lambda a: a.hf[1] if a.hf else None)),
+      reads=("ms_dir", lambda a: a.hf[:1] if a.hf else []))
 def _cmd_resize(args) -> int:
     from migrate.ui import console
     from migrate.vocab.resize import resize_vocab

@@ -128,5 +128,6 @@ def test_a_missing_shard_is_one_clear_error(tmp_path):
 
 
 def test_merge_of_something_else_is_refused(tmp_path, capsys):
-    assert main(["ckpt", "merge", str(tmp_path), str(tmp_path / "out")]) == 2
+    (tmp_path / "other").mkdir()  # beside the output: an output inside its input is refused first
+    assert main(["ckpt", "merge", str(tmp_path / "other"), str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.startswith("migrate: error: no training checkpoint at")

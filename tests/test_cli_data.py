@@ -23,7 +23,8 @@ def test_data_tokenize_cli(tmp_path, capsys):
 
 
 def test_data_tokenize_missing_file_is_one_line(tmp_path, capsys):
-    code = main(["data", "tokenize", str(tmp_path / "none.txt"), "--tokenizer", str(tmp_path),
+    (tmp_path / "tok").mkdir()  # beside the output: an output inside its tokenizer folder is refused first
+    code = main(["data", "tokenize", str(tmp_path / "none.txt"), "--tokenizer", str(tmp_path / "tok"),
                  "--seq-length", "8", "--out", str(tmp_path / "d")])
     assert code == 2
     err = capsys.readouterr().err.strip()

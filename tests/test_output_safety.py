@@ -458,11 +458,13 @@ def test_data_tokenize_never_overwrites_its_tokenizer(capsys, tmp_path):
 
 
 def test_an_oserror_anywhere_is_one_line(capsys, tmp_path):
-    """A path of the user's that cannot be written, outside the atomic folders (compare --json)."""
+    """A path of the user's that cannot be written, outside the atomic folders (compare --json): the
+    output rule (migrate.cli_verbs.guard_outputs) now refuses it before the comparison runs."""
     lines = "".join(json.dumps({"step": i + 1, "loss": 5.0 - 0.01 * i, "lr": 1e-3, "grad_norm": 1.0,
                                 "tokens": 64 * (i + 1), "time": 0.1 * i}) + "\n" for i in range(30))
     (tmp_path / "g.jsonl").write_text(lines)
     (tmp_path / "file").write_text("x")
     code, err = run_cli(capsys, "compare", tmp_path / "g.jsonl", tmp_path / "g.jsonl",
                         "--json", tmp_path / "file" / "c.json")
-    assert_one_line(code, err, f"migrate: error: {tmp_path / 'file'}: not a folder")
+    assert_one_line(code, err, f"migrate: error: cannot create output {tmp_path / 'file' / 'c.json'}: "
+                               f"{tmp_path / 'file'} is a file, not a folder")

@@ -6,6 +6,14 @@ checkpoint's trainer_state.json, a token folder's data.json) or an empty folder;
 never a folder that is, holds or lies inside an input of the command (compared as
 resolved real paths, so links and `..` cannot hide one), nor the current folder.
 Every refusal is one MigrateError line, raised before anything is touched.
+
+Every output of every command (folders and single files: a report, a YAML, a JSON or PNG)
+goes through `check_apart` first: it may not be, contain or lie inside anything the command
+reads. `check_declared` runs that, and the rest of the rule for each kind of output, on every
+output a verb declares (`migrate.cli_verbs`), all of them before the command writes any.
+A single-file output: never a folder or a link; an existing file is replaced only with the
+verb's --overwrite where it has one (and, for a YAML, only one migrate wrote: its first
+line), otherwise (reports, plots, comparison JSON, which migrate regenerates) it is replaced.
 """
 from __future__ import annotations
 
@@ -77,6 +85,48 @@ def check_output(out: str | Path, *, overwrite: bool, source: str | Path | None 
     _check_writable(out, where.parent if exists else _nearest_existing(where))
 
 
+def check_apart(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an output (folder or file) that is, contains or lies inside a path the command reads."""
+    out = Path(out)
+    real = Path(os.path.realpath(output_path(out)))
+    for given in inputs:
+        if given is not None and os.path.lexists(given):  # what does not exist cannot be lost
+            _check_against_input(out, real, Path(given), True)
+
+
+def check_file_output(out: str | Path, *, overwrite: bool | None, inputs: Iterable[str | Path | None] = (),
+                      first_line: str | None = None) -> None:
+    """Refuse, with one line, a single-file output the command must not write or replace.
+
+    overwrite: the verb's --overwrite (None: it has none, and an existing file is replaced);
+    first_line: what the first line of a file migrate wrote starts with (replace only those)."""
+    out = Path(out)
+    where = output_path(out)
+    _check_name(out, where)
+    if os.path.islink(where):
+        raise MigrateError(f"output {out} is a symbolic link; name a file, not a link")
+    _check_ancestors(out, where)
+    check_apart(out, inputs)
+    if where.is_dir():
+        raise MigrateError(f"output {out} is a folder; name the file to write")
+    exists = os.path.lexists(where)
+    if exists and not where.is_file():
+        raise MigrateError(f"output {out} exists and is not a plain file")
+    if exists and overwrite is False:
+        raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
+    if exists and first_line is not None and not _starts_with(where, first_line):
+        raise MigrateError(f"output {out} was not written by migrate; --overwrite replaces only its own files")
+    _check_writable(out, where.parent if exists else _nearest_existing(where))
+
+
+def _starts_with(path: Path, prefix: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().startswith(prefix)
+    except OSError:
+        return False
+
+
 def output_path(out: str | Path) -> Path:
     """The absolute path the output will have: its parent resolved as the kernel resolves it
     (links, "..") and its own name kept, so that a link in its place is seen, not followed."""
@@ -113,12 +163,12 @@ def _check_ancestors(out: Path, where: Path) -> None:
 def _check_against_input(out: Path, real: Path, given: Path, whole: bool) -> None:
     other = Path(os.path.realpath(given))
     if other == real:
-        raise MigrateError(f"output {out} is the input {given}; choose another output folder")
+        raise MigrateError(f"output {out} is the input {given}; choose another output")
     if other.is_relative_to(real):
-        raise MigrateError(f"output {out} contains the input {given}; choose another output folder "
+        raise MigrateError(f"output {out} contains the input {given}; choose another output "
                            "(--overwrite never replaces what the command reads)")
     if whole and real.is_relative_to(other):
-        raise MigrateError(f"output {out} is inside the input {given}; choose a folder outside it")
+        raise MigrateError(f"output {out} is inside the input {given}; write outside what the command reads")
 
 
 def _check_writable(out: Path, folder: Path) -> None:

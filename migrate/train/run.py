@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from migrate.checkpoints.output_guard import check_apart
 from migrate.errors import MigrateError
 from migrate.train.building import trainable_model_config
 from migrate.train.checkpoint.folder import open_checkpoint
@@ -40,6 +41,8 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     model class may be imported even if migrate does not bundle it (`--trust-model-class`); msrun's
     workers get it through the environment their launcher builds (`launch`)."""
     cfg = RunConfig.load(config)
+    if out is not None:  # the run folder never is, holds or lies inside what the run reads
+        check_apart(out, (config, cfg.data, cfg.eval_data, cfg.hf_model, cfg.ms_model, cfg.out_dir.golden))
     layout = run_layout_of(cfg, dp, mp, pp, micro_batches, optimizer_shard)
     errors = layout_errors(layout, trainable_model_config(cfg.require("ms_model"), trust), cfg, cluster)
     if cfg.lora is not None and (layout.mp > 1 or layout.pp > 1):

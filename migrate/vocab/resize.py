@@ -26,7 +26,7 @@ from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_ckpt import CkptWriter
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.ms_safetensors import SafetensorsWriter
-from migrate.checkpoints.output_guard import check_output
+from migrate.checkpoints.output_guard import check_apart, check_output
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
@@ -81,8 +81,10 @@ def resize_vocab(ms_dir, out_dir, to: int | None = None, multiple: int | None = 
     if hf_dir is not None and not hf_dir.is_dir():
         raise MigrateError(f"HF model folder not found: {hf_dir}")
     check_output(out_dir, overwrite=overwrite, source=ms_dir, inputs=(hf_dir,))
+    check_apart(out_dir, (hf_dir,))  # nor inside the HF folder it also reads
     if hf_out is not None:
         check_output(hf_out, overwrite=overwrite, source=hf_dir, inputs=(ms_dir,))
+        check_apart(hf_out, (ms_dir,))
         if hf_out.resolve() == out_dir.resolve():
             raise MigrateError(f"the two outputs are the same folder: {out_dir}")
 
