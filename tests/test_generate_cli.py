@@ -80,6 +80,8 @@ def test_generate_matches_hf_and_the_mindir_files_alone(folders, capsys):
     (["--ids", "1,2,3", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
     (["--ids", "1,2,999"], "outside the vocabulary"),
     (["--ids", "1,x"], "--ids takes token ids"),
+    (["--ids", "1,,2"], "--ids takes token ids"),   # an empty entry is refused, not read as 1,2
+    (["--ids", "1,2", "--seed", "-1"], "--seed must be >= 0"),
     (["--ids", "1,2", "--stop-token", "400"], "--stop-token 400 is outside the vocabulary"),
 ])
 def test_bad_generation_input_is_one_line(folders, capsys, argv, message):

@@ -136,6 +136,10 @@ def test_layouts_keep_the_global_batch(cfg, dp, mp, pp, micro, want):
     (dict(dp=3), "global batch 8 (micro_batch_size × grad_accum_steps) is not divisible by dp 3"),
     (dict(dp=2, device="cpu"), "--device cpu runs one process"),
     (dict(optimizer_shard=True), "--optimizer-shard needs dp >= 2"),
+    (dict(dp=0), "--dp must be a positive integer, got 0"),     # was a ZeroDivisionError
+    (dict(dp=-2), "--dp must be a positive integer, got -2"),
+    (dict(pp=2, micro_batches=0), "--micro-batches must be a positive integer, got 0"),
+    (dict(seq_length=0), "--seq-length must be a positive integer, got 0"),
 ])
 def test_layout_rules_refuse(cfg, kwargs, words):
     with pytest.raises(MigrateError, match=words.replace("(", r"\(").replace(")", r"\)")):

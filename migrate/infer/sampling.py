@@ -44,6 +44,8 @@ class Sampling:
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1] (1 is off), got {self.top_p:g}"),
             (self.repetition_penalty > 0, f"--repetition-penalty must be > 0 (1 is off), "
                                           f"got {self.repetition_penalty:g}"),
+            # numpy's Generator takes a non-negative seed (a negative one is a ValueError deep in the draw)
+            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
         )
         for ok, message in checks:
             if not ok:

@@ -28,9 +28,13 @@ def load_tokenizer(folder):
 
 
 def parse_ids(text: str) -> list[int]:
-    """'1,2,3' or '1 2 3' -> [1, 2, 3]."""
-    parts = text.replace(",", " ").split()
+    """'1,2,3' or '1 2 3' -> [1, 2, 3]; an empty entry ('1,,2', '1,') is refused, not skipped:
+    a dropped id would silently change the prompt."""
+    pieces = [p.strip() for p in text.split(",")]
+    parts = [q for p in pieces for q in p.split()]
     try:
+        if not parts or any(not p for p in pieces):
+            raise ValueError
         return [int(p) for p in parts]
     except ValueError:
         raise MigrateError(f"--ids takes token ids separated by commas or spaces, got {text!r}"[:200]) from None

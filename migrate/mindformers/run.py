@@ -116,6 +116,11 @@ def mindformers_run(ms_dir: str | Path | None = None, run_config: RunConfig | No
     model class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     if device not in ("ascend", "cpu"):
         raise MigrateError(f"unknown device {device!r}; choose ascend or cpu")
+    # Before any arithmetic on them (the batch split divides by dp): one line, not a ZeroDivisionError.
+    for flag, value in (("--dp", dp), ("--mp", mp), ("--pp", pp), ("--micro-batches", micro_batches),
+                        ("--seq-length", seq_length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise MigrateError(f"{flag} must be a positive integer, got {value!r}")
     cpu = device == "cpu"
     if ms_dir is None:
         if run_config is None:
