@@ -39,7 +39,8 @@ def _cmd_convert(args) -> int:
     if args.mindformers_yaml:  # refuse what MindFormers cannot express before converting anything
         from migrate.mindformers.run import precheck_hf
 
-        precheck_hf(args.src_dir, args.keymap or args.src, target, args.seq_length)
+        precheck_hf(args.src_dir, args.keymap or args.src, target, args.seq_length, dp=args.dp, mp=args.mp,
+                    pp=args.pp, micro_batches=args.micro_batches)
     with progress_bar("converting") as update:
         result = convert(args.src_dir, args.out_dir, keymap=args.keymap or args.src, fmt=args.format,
                          dtype=args.dtype, overwrite=args.overwrite, on_tensor=update,

@@ -207,6 +207,15 @@ def test_convert_refuses_gemma_before_writing_anything(tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not (tmp_path / "mf.yaml").exists()
 
 
+@pytest.mark.parametrize("flag, value", [("--seq-length", "0"), ("--dp", "0"), ("--micro-batches", "-1")])
+def test_convert_refuses_a_bad_layout_number_before_converting(root, tmp_path, capsys, flag, value):
+    code = main(["convert", str(root / "hf"), str(tmp_path / "ms"), "--mindformers-yaml", str(tmp_path / "mf.yaml"),
+                 flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"migrate: error: {flag} must be a positive integer, got {value}"]
+    assert not (tmp_path / "ms").exists() and not (tmp_path / "mf.yaml").exists()   # nothing converted first
+
+
 def test_convert_writes_the_yaml_beside(root, tmp_path):
     assert main(["convert", str(root / "hf"), str(tmp_path / "ms"), "--qkv-concat", "--mindformers-yaml",
                  str(tmp_path / "mf.yaml"), "--device", "cpu", "--seq-length", "32"]) == 0

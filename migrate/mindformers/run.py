@@ -57,8 +57,19 @@ class MFRun:
     sources: list[Path] = field(default_factory=list)   # files the YAML was made from (never overwritten)
 
 
-def precheck_hf(src_dir: str | Path, keymap: str, target: str | None, seq_length: int | None) -> None:
-    """What `convert --mindformers-yaml` checks before converting: the model is expressible."""
+def check_layout_numbers(**numbers: int | None) -> None:
+    """--seq-length, --dp, --mp, --pp, --micro-batches: positive integers (None: the default), refused in
+    one line before any arithmetic on them (the batch split divides by dp)."""
+    for name, value in numbers.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise MigrateError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+
+
+def precheck_hf(src_dir: str | Path, keymap: str, target: str | None, seq_length: int | None,
+                **layout: int | None) -> None:
+    """What `convert --mindformers-yaml` checks before converting: the layout's numbers (`layout`: dp,
+    mp, pp, micro_batches) and that the model is expressible."""
+    check_layout_numbers(seq_length=seq_length, **layout)
     raw = read_raw_config(src_dir)
     km = resolve(keymap, raw).for_source(raw).with_target(target)
     fields = km.hf_to_ms_config(load_hf_config(src_dir))
@@ -116,11 +127,7 @@ def mindformers_run(ms_dir: str | Path | None = None, run_config: RunConfig | No
     model class may be imported even if migrate does not bundle it (`--trust-model-class`)."""
     if device not in ("ascend", "cpu"):
         raise MigrateError(f"unknown device {device!r}; choose ascend or cpu")
-    # Before any arithmetic on them (the batch split divides by dp): one line, not a ZeroDivisionError.
-    for flag, value in (("--dp", dp), ("--mp", mp), ("--pp", pp), ("--micro-batches", micro_batches),
-                        ("--seq-length", seq_length)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise MigrateError(f"{flag} must be a positive integer, got {value!r}")
+    check_layout_numbers(seq_length=seq_length, dp=dp, mp=mp, pp=pp, micro_batches=micro_batches)
     cpu = device == "cpu"
     if ms_dir is None:
         if run_config is None:
