@@ -83,6 +83,7 @@ from migrate.judge.thresholds import KINDS, Thresholds
 __all__ = ["SCHEMA_VERSION", "Report"]
 
 SCHEMA_VERSION = 1
+RESIDUAL_BLOCK = "layer output"   # a layer's output: the residual stream, whose max-abs limit carries on
 
 
 def _peak(array: Any) -> float:
@@ -159,6 +160,10 @@ class Report:
         if layer is None and kind in ("grad", "param_after_step"):
             layer = layer_of(name)
         metrics = dict(metrics)
+        if kind == "hidden" and block == RESIDUAL_BLOCK and layer is not None and "carried" not in metrics:
+            carried = self._stream_limit(int(layer) - 1)
+            if carried is not None:
+                metrics["carried"] = carried
         verdict = Verdict(tensor_checks(metrics, kind, self.thresholds))
         entry = Entry(name=name, kind=kind, block=block, direction=direction,
                       layer=None if layer is None else int(layer), metrics=metrics,
@@ -167,6 +172,14 @@ class Report:
         self.entries.append(entry)
         self._finalized = False
         return entry
+
+    def _stream_limit(self, layer: int) -> dict | None:
+        """The max-abs limit layer `layer`'s output was held to, and where (`bounds.carried_limit`)."""
+        for e in reversed(self.entries):
+            if e.kind == "hidden" and e.block == RESIDUAL_BLOCK and e.layer == layer:
+                limit = next((c.limit for c in e.checks if c.key == "max_abs"), None)
+                return None if limit is None else {"max_abs": float(limit), "from": e.location}
+        return None
 
     def add(self, name: str, ref: Any, got: Any, *, kind: str = "hidden",
             layer: int | None = None, block: str | None = None,
