@@ -70,3 +70,14 @@ def test_a_report_read_back_judges_the_carried_limit_the_same():
     entry = report.add("layer 1 output", *_massive(3.7e3, 0.13), layer=1, block="layer output")
     again = Report(dtype="fp32").add_metrics("layer 1 output", entry.metrics, layer=1, block="layer output")
     assert again.passed and again.metrics["carried"] == entry.metrics["carried"]
+
+
+def test_a_max_abs_bound_the_user_set_is_used_as_given_and_not_carried():
+    from migrate.judge.thresholds import Thresholds
+
+    user = Thresholds("fp32").with_overrides("hidden", max_abs_rel=1e-5)
+    report = Report(dtype="fp32", thresholds=user)
+    report.add("layer 0 output", *_massive(2.3e4, 0.15), layer=0, block="layer output")
+    entry = report.add("layer 1 output", *_massive(3.7e3, 0.13), layer=1, block="layer output")
+    assert not entry.passed and "carried" not in entry.reason
+    assert "1e-05 × max|ref|" in entry.reason

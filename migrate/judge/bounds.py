@@ -102,13 +102,14 @@ def _noise_words(k: float, own: float, what: str = "error") -> str:
 def max_abs_limit(m: Mapping[str, Any], b, noise: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """(the max-abs limit, what set it): `max_abs` and `max_abs_rel` at the reference's peak
     (None), widened to K x the reference's own max abs error ("noise"), and on a residual
-    stream never below the limit the stream entered the layer with ("carried", `carried_limit`).
-    The cosine check reads it too (a tensor within it of zero has no direction)."""
+    stream never below the limit the stream entered the layer with ("carried", `carried_limit`;
+    not where the user set `max_abs`/`max_abs_rel`). The cosine check reads it too (a tensor within it of zero has no direction)."""
     if m.get("max_abs") is None:
         return None, None
     fixed = b.max_abs_bound(float(m.get("ref_max_abs") or 0.0))
     limit, by_noise = noise_limit(fixed, b.widens("max_abs"), noise.get("max_abs"))
-    carried = carried_limit(m)
+    # A bound the user set is used as given: the carry is the default bounds' rule, not theirs.
+    carried = None if {"max_abs", "max_abs_rel"} & set(b.fixed) else carried_limit(m)
     if carried is not None and (limit is None or carried > limit):
         return carried, "carried"
     return limit, "noise" if by_noise else None
