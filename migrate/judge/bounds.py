@@ -103,7 +103,8 @@ def max_abs_limit(m: Mapping[str, Any], b, noise: Mapping[str, Any]) -> tuple[fl
     """(the max-abs limit, what set it): `max_abs` and `max_abs_rel` at the reference's peak
     (None), widened to K x the reference's own max abs error ("noise"), and on a residual
     stream never below the limit the stream entered the layer with ("carried", `carried_limit`;
-    not where the user set `max_abs`/`max_abs_rel`). The cosine check reads it too (a tensor within it of zero has no direction)."""
+    not where the user set `max_abs`/`max_abs_rel`). The cosine check reads it too (a tensor
+    within it of zero has no direction)."""
     if m.get("max_abs") is None:
         return None, None
     fixed = b.max_abs_bound(float(m.get("ref_max_abs") or 0.0))
