@@ -15,6 +15,7 @@ import os
 import sys
 
 from migrate import __version__
+from migrate.cli_args import COUNT, POSITIVE, SEED, Parser, utf8_text
 from migrate.cli_mindformers import YAML_FIRST_LINE
 from migrate.cli_probe import code_files
 from migrate.cli_verbs import Output, add_verbs, arguments, guard_outputs, trust_argument, verb
@@ -190,15 +191,16 @@ def _diff_arguments(p) -> None:
     p.add_argument("--src", help="family whose keymap pairs the names (default: the one conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")
     p.add_argument("--dtype", choices=NAMES, default="fp32", help="both sides run in it")
-    p.add_argument("--text", help="tokenize this text with the HF folder's tokenizer instead of random ids")
+    p.add_argument("--text", type=utf8_text,
+                   help="tokenize this text with the HF folder's tokenizer instead of random ids")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--padded", action="store_true", help="left-pad rows so the padding mask is exercised")
     p.add_argument("--detail", action="store_true", help="also compare after attention and after MLP")
     p.add_argument("--grads", action="store_true", help="compare gradients and params after one AdamW step")
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW lr for the --grads step")
-    p.add_argument("--generate", type=int, default=0, metavar="N", help="greedy-generate N tokens on both")
+    p.add_argument("--lr", type=POSITIVE, default=1e-4, help="AdamW lr for the --grads step")
+    p.add_argument("--generate", type=COUNT, default=0, metavar="N", help="greedy-generate N tokens on both (0: none)")
     p.add_argument("--inject", metavar="FAULT[@LAYER]", help="inject a known fault into the MindSpore side")
     p.add_argument("--adapter", metavar="DIR", help="a LoRA adapter (PEFT folder, or `migrate lora import` output / "
                                                     "a LoRA run's checkpoint) attached on both sides")
@@ -226,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     # adds itself here; a new verb in one of them needs nothing else.
     from migrate import cli_health, cli_infer, cli_lora, cli_mindformers, cli_probe, cli_report, cli_train, cli_vocab  # noqa: F401
 
-    parser = argparse.ArgumentParser(prog="migrate", description="PyTorch/HF to MindSpore migration for LLMs")
+    # Parser: a bad argument is one `migrate: error:` line, exit 2, as every other user error
+    parser = Parser(prog="migrate", description="PyTorch/HF to MindSpore migration for LLMs")
     parser.add_argument("--version", action="version", version=f"migrate {__version__}")
     add_verbs(parser.add_subparsers(dest="command", required=True))
     return parser
@@ -240,12 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     # The environment is read here, in the entry point; below it, what it said is passed as arguments.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
     use_keymap_dir(os.environ.get("MIGRATE_KEYMAPS"))  # another keymap folder instead of the bundled one
-    args = build_parser().parse_args(argv)
-    if hasattr(args, "trust_model_class"):
-        # The opt-in: the flag, or MIGRATE_TRUST_MODEL_CLASS=1 in the caller's environment. The handler
-        # passes it down as `trust=` (and `migrate train` hands it to its msrun workers' environment).
-        args.trust_model_class = args.trust_model_class or trust_from_env(os.environ)
     try:
+        args = build_parser().parse_args(argv)  # a bad argument: MigrateError (cli_args.Parser)
+        if hasattr(args, "trust_model_class"):
+            # The opt-in: the flag, or MIGRATE_TRUST_MODEL_CLASS=1 in the caller's environment. The handler
+            # passes it down as `trust=` (and `migrate train` hands it to its msrun workers' environment).
+            args.trust_model_class = args.trust_model_class or trust_from_env(os.environ)
         guard_outputs(args)  # every declared output against every input, before the verb runs
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from migrate.cli_args import POSITIVE_INT, utf8_text
 from migrate.cli_verbs import arguments, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
@@ -59,7 +60,8 @@ def _cmd_generate(args) -> int:
 @arguments("generate")
 def _generate_arguments(p) -> None:
     p.add_argument("ms_dir", nargs="?", help="a converted MindSpore folder (with --mindir: checked to be its source)")
-    p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for a left-padded batch)")
+    p.add_argument("--prompt", action="append", type=utf8_text, metavar="TEXT",
+                   help="a prompt (repeat for a left-padded batch)")
     p.add_argument("--ids", action="append", metavar="IDS", help="a prompt as token ids, '1,2,3' (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
@@ -72,7 +74,7 @@ def _generate_arguments(p) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's eos ids")
     p.add_argument("--mindir", metavar="DIR", help="run a `migrate export --format mindir` folder (no model code)")
     p.add_argument("--no-cache", action="store_true", help="the full forward every step (the path without a cache)")
-    p.add_argument("--cache-len", type=int, metavar="L", help="cache slots (default: prompt + max new tokens)")
+    p.add_argument("--cache-len", type=POSITIVE_INT, metavar="L", help="cache slots (default: prompt + max new tokens)")
     p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
     p.add_argument("--dtype", choices=NAMES, help="compute dtype (default: model.yaml's)")
     p.add_argument("--compare-hf", metavar="HF_DIR",
@@ -105,8 +107,12 @@ def cmd_export_mindir(args) -> int:
         from migrate.dtype_names import PRECISIONS
 
         dtype = PRECISIONS[args.dtype].compute
-    record = export_mindir(args.ms_dir, args.out_dir, batch=args.batch or 1, prefill_len=args.prefill_len or 64,
-                           cache_len=args.cache_len or 320, compute_dtype=dtype, overwrite=args.overwrite,
+    def given(value, default):  # 0 is a value (refused by export_mindir), not "not given"
+        return default if value is None else value
+
+    record = export_mindir(args.ms_dir, args.out_dir, batch=given(args.batch, 1),
+                           prefill_len=given(args.prefill_len, 64), cache_len=given(args.cache_len, 320),
+                           compute_dtype=dtype, overwrite=args.overwrite,
                            trust=args.trust_model_class)
     console().print(f"[green]exported[/] prefill.mindir and decode.mindir (batch {record['batch']}, prefill "
                     f"{record['prefill_len']}, cache {record['cache_len']}) -> {args.out_dir}", highlight=False)
@@ -116,6 +122,7 @@ def cmd_export_mindir(args) -> int:
 def hf_only(args) -> None:
     """`migrate export --format hf` (the default): refuse the options that shape a MindIR export."""
     given = [flag for flag, value in (("--dtype", args.dtype), ("--batch", args.batch),
-                                      ("--prefill-len", args.prefill_len), ("--cache-len", args.cache_len)) if value]
+                                      ("--prefill-len", args.prefill_len), ("--cache-len", args.cache_len))
+             if value is not None]
     if given:
         raise MigrateError(f"{', '.join(given)} apply to --format mindir only")

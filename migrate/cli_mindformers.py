@@ -13,7 +13,6 @@ YAML_FIRST_LINE = "# written by migrate mindformers-config"  # migrate.mindforme
 
 def write_yaml(args, ms_dir, run_config=None) -> None:
     """Build and write the run YAML named by args.mindformers_yaml (or args.out); print what was done."""
-    from migrate.cli_train import parse_size
     from migrate.mindformers.run import mindformers_run, write_run_yaml
     from migrate.ui import console
 
@@ -21,7 +20,7 @@ def write_yaml(args, ms_dir, run_config=None) -> None:
     run = mindformers_run(ms_dir, run_config, seq_length=args.seq_length, dp=args.dp, mp=args.mp, pp=args.pp,
                           micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
                           device=args.device, output_dir=args.output_dir,
-                          device_memory=parse_size(args.device_memory) if args.device_memory else None,
+                          device_memory=args.device_memory,
                           trust=args.trust_model_class)
     path = write_run_yaml(run, out, overwrite=args.yaml_overwrite)
     shown = console()
@@ -29,6 +28,12 @@ def write_yaml(args, ms_dir, run_config=None) -> None:
     for note in run.notes:
         shown.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
     shown.print("  launch: " + run.launch.format(yaml=path), markup=False, highlight=False, soft_wrap=True)
+
+
+def _memory_size(text: str) -> int:
+    from migrate.cli_train import parse_size  # bytes, as argparse reads it: before any folder is read
+
+    return parse_size(text)
 
 
 def _run_yaml_paths(args):
@@ -75,13 +80,15 @@ def add_yaml_options(p, *, standalone: bool) -> None:
     g.add_argument("--seq-length", type=int, help="the input length MindFormers pads to (default: run.yaml's; "
                                                   "predict: max_position_embeddings, at most 512)")
     g.add_argument("--dp", type=int, default=1, help="data_parallel")
-    g.add_argument("--mp", type=int, default=1, help="model_parallel (heads, kv heads, vocab, intermediate %% mp)")
+    g.add_argument("--mp", type=int, default=1,
+                   help="model_parallel (heads, kv heads, vocab, intermediate %% mp)")
     g.add_argument("--pp", type=int, default=1, help="pipeline_stage (layers %% pp)")
     g.add_argument("--micro-batches", type=int, default=1, help="micro_batch_num, with --pp (>= pp)")
     g.add_argument("--optimizer-shard", action="store_true", help="enable_parallel_optimizer (dp >= 2)")
     g.add_argument("--device", choices=["ascend", "cpu"], default="ascend",
                    help="cpu: one process, use_rope_slice/fused_rms_norm/use_flash_attention set for MindSpore CPU")
-    g.add_argument("--device-memory", help="refuse a layout the planner sizes above this per device (e.g. 64GB)")
+    g.add_argument("--device-memory", type=_memory_size,
+                   help="refuse a layout the planner sizes above this per device (e.g. 64GB)")
     g.add_argument("--output-dir", help="MindFormers output_dir (default ./output)")
     g.add_argument("--yaml-overwrite" if not standalone else "--overwrite", dest="yaml_overwrite",
                    action="store_true", help="replace a YAML this command wrote before")

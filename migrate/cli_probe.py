@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from migrate.cli_args import SEED
 from migrate.cli_verbs import Output, arguments, trust_argument, verb
 from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
@@ -55,7 +56,7 @@ def _dump_arguments(p) -> None:
     p.add_argument("--dtype", choices=NAMES, default="fp32", help="dtype HF / converted folders run in")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--padded", action="store_true", help="left-pad rows so the padding mask is exercised")
     p.add_argument("--src", help="family keymap naming the HF folder's blocks (default: from config.json)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")

@@ -5,6 +5,7 @@ function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli
 """
 from __future__ import annotations
 
+from migrate.cli_args import POSITIVE_INT
 from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 from migrate.errors import MigrateError
 
@@ -170,7 +171,8 @@ def _train_arguments(p) -> None:
     p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
                    help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
     g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel ranks (the config's micro batch is per rank)")
+    g.add_argument("--dp", type=int, default=1,
+                   help="data-parallel ranks (the config's micro batch is per rank)")
     g.add_argument("--mp", type=int, default=1, help="tensor-parallel width (Ascend/GPU only)")
     g.add_argument("--pp", type=int, default=1, help="pipeline stages (Ascend/GPU only)")
     g.add_argument("--micro-batches", type=int, default=1, help="pipeline micro-batches per step (with --pp)")
@@ -178,7 +180,8 @@ def _train_arguments(p) -> None:
     g.add_argument("--nodes", type=int, default=1, help="machines taking part; run the command on each")
     g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nodes-1")
     g.add_argument("--master-addr", help="address of node 0 (multi-node); default 127.0.0.1")
-    g.add_argument("--master-port", type=int, help="msrun scheduler port (multi-node); default: a free port")
+    g.add_argument("--master-port", type=int,
+                   help="msrun scheduler port (multi-node); default: a free port")
     trust_argument(p)
 
 
@@ -240,7 +243,10 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).upper() not in _UNITS:
         raise MigrateError(f"not a memory size: {text!r} (try 64GB or 80GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if size < 1:  # no layout fits in nothing: a size of 0 is a typo, not a question
+        raise MigrateError(f"a memory size must be positive, got {text!r}")
+    return size
 
 
 @verb("plan", "per-device memory estimate and a ranked list of parallel layouts that fit")
@@ -258,7 +264,7 @@ def _cmd_plan(args) -> int:
 
         estimate, lora_table = lora_planning(args.model, config, args.lora_rank, args.lora_targets, args.seq_length,
                                              args.dtype, trust=args.trust_model_class)
-    result = plan(config, args.devices, parse_size(args.device_memory), args.seq_length,
+    result = plan(config, args.devices, args.device_memory, args.seq_length,
                   args.global_batch, dtype=args.dtype, optimizer_shard=not args.no_optimizer_shard, estimate=estimate)
     print_plan(result, console(), max_rows=args.top)
     if lora_table is not None:
@@ -271,12 +277,14 @@ def _plan_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="a converted MindSpore folder or its model.yaml; or an HF folder or its config.json")
     p.add_argument("--devices", type=int, required=True)
-    p.add_argument("--device-memory", required=True, help="per device, e.g. 64GB or 64GiB")
+    p.add_argument("--device-memory", type=parse_size, required=True,  # bytes, read before the model
+                   help="per device, e.g. 64GB or 64GiB")
     p.add_argument("--seq-length", type=int, required=True)
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--no-optimizer-shard", action="store_true", help="keep optimizer states whole on every dp rank")
-    p.add_argument("--top", type=int, default=20, help="layouts to list")
-    p.add_argument("--lora-rank", type=int, help="plan a LoRA run of this rank (base frozen), beside full training")
+    p.add_argument("--top", type=POSITIVE_INT, default=20, help="layouts to list")
+    p.add_argument("--lora-rank", type=int,
+                   help="plan a LoRA run of this rank (base frozen), beside full training")
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="LoRA target modules: q_proj,v_proj or all-linear")
     trust_argument(p)

@@ -5,6 +5,7 @@ its function, as in `migrate.cli`.
 """
 from __future__ import annotations
 
+from migrate.cli_args import SEED, SHARE
 from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "info": "dim"}
@@ -52,10 +53,10 @@ def _vocab_check_arguments(p) -> None:
     p.add_argument("--data", metavar="DIR", help="a `migrate data tokenize` output folder to check too")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: HF_DIR's, else MS_DIR's)")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.add_argument("--max-unk-share", type=float, default=0.01, help="warn above this share of unknown tokens")
-    p.add_argument("--max-token-share", type=float, default=0.2, help="warn when one token is above this share")
-    p.add_argument("--max-duplicate-share", type=float, default=0.01, help="warn above this share of repeated rows")
-    p.add_argument("--mono-row-share", type=float, default=0.5,
+    p.add_argument("--max-unk-share", type=SHARE, default=0.01, help="warn above this share of unknown tokens")
+    p.add_argument("--max-token-share", type=SHARE, default=0.2, help="warn when one token is above this share")
+    p.add_argument("--max-duplicate-share", type=SHARE, default=0.01, help="warn above this share of repeated rows")
+    p.add_argument("--mono-row-share", type=SHARE, default=0.5,
                    help="a row is 'mostly one token' when one id fills more than this share of it")
 
 
@@ -86,7 +87,7 @@ def _vocab_resize_arguments(p) -> None:
     p.add_argument("--init", choices=["mean", "normal"], default="mean",
                    help="new rows: the mean of the old rows (default), or normal(0, --std) drawn with --seed")
     p.add_argument("--std", type=float, help="std of --init normal (default: model.yaml's initializer_range)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --init normal")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of --init normal")
     p.add_argument("--hf", nargs=2, metavar=("HF_DIR", "HF_OUT"),
                    help="resize the HF source too, with the same new rows, into HF_OUT")
     p.add_argument("--overwrite", action="store_true", help="replace an output folder migrate wrote")

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "migrate"
 # Lowest first. A module takes the layer of the longest prefix listed.
 LAYERS = [
     ("foundation", ["migrate", "migrate.errors", "migrate.safeyaml", "migrate.jsonsafe", "migrate.dtype_names",
-                    "migrate.signals", "migrate.ui"]),
+                    "migrate.signals", "migrate.ui", "migrate.resources"]),
     ("files", ["migrate.checkpoints", "migrate.transforms", "migrate.hf_config", "migrate.sidecar",
                "migrate.data", "migrate.parallel.layout"]),
     # The run protocol: the step record, the checkpoint state keys, the cadence both trainers
@@ -35,7 +35,7 @@ LAYERS = [
                "migrate.infer"]),
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the
     # planner runs in a clean interpreter (its lazy imports are what it measures).
-    ("entry points", ["migrate.cli", "migrate.cli_verbs", "migrate.cli_train", "migrate.cli_lora",
+    ("entry points", ["migrate.cli", "migrate.cli_verbs", "migrate.cli_args", "migrate.cli_train", "migrate.cli_lora",
                       "migrate.cli_mindformers",
                       "migrate.cli_infer",
                       "migrate.cli_probe",

@@ -103,7 +103,8 @@ class LogFormat:
     lr_of_next_step: bool = False    # the logged lr is the next step's (the scheduler stepped before the log)
     printed: dict[str, str] = field(default_factory=dict)  # column -> how it is printed (`printed_resolution`)
     # -- detection (registered formats only; TensorBoard dialects have none) --
-    sniff: Sniff | None = None       # tried on every path, formats in `rank` order; the first hit wins
+    sniff: Sniff | None = None       # tried on every path in `rank` order: a folder reads the first hit's,
+                                     # a file two sniffs claim is refused as ambiguous
     rank: int = 50                   # a folder holding several formats' files reads the lowest rank's
     fallback: Sniff | None = None    # tried only when no format's sniff claimed the path
     known: str = ""                  # how compare's refusal names it ("" -> title)

@@ -48,11 +48,21 @@ def detect_format(path: Any, role: str = "metrics") -> tuple[str, Path]:
     if not sample.is_dir and not p.exists():
         raise MigrateError(f"{p}: no such file ({role} metrics)")
     for claims in ("sniff", "fallback"):
+        hits = []
         for fmt in formats():
             sniff = getattr(fmt, claims)
             hit = sniff(sample) if sniff is not None else None
             if hit:
-                return fmt.key, (hit if isinstance(hit, Path) else p)
+                hits.append((fmt, hit if isinstance(hit, Path) else p))
+                if sample.is_dir:
+                    break  # a folder holding several formats' files reads the lowest rank's (by design)
+        if len(hits) > 1:
+            # One file holding two formats' lines (two logs concatenated, tee'd output): reading either
+            # would judge a curve that is half another run's.
+            raise MigrateError(f"{p}: holds {' and '.join(f.known or f.title for f, _ in hits)}; compare reads "
+                               f"one format per file, split it ({role} run)")
+        if hits:
+            return hits[0][0].key, hits[0][1]
     if sample.is_dir:
         raise MigrateError(f"{p}: a folder without {_folder_files()} ({role} run)")
     raise MigrateError(f"{p}: unknown log format ({role} run): compare reads {known()}")

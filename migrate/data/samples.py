@@ -46,10 +46,18 @@ def load_samples(data_dir: str | Path, seq_length: int | None = None) -> np.ndar
     if rows.ndim != 2 or rows.shape[0] != meta["samples"] or rows.shape[1] != meta["seq_length"] + 1:
         raise MigrateError(f"{path} has shape {rows.shape}, {META_FILE} promises "
                            f"({meta['samples']}, {meta['seq_length'] + 1})")
-    if seq_length is not None and seq_length != meta["seq_length"]:
-        raise MigrateError(f"run config seq_length is {seq_length} but {data_dir} was tokenized "
-                           f"with seq_length {meta['seq_length']}")
+    if seq_length is not None:
+        check_seq_length(data_dir, seq_length, meta)
     return rows
+
+
+def check_seq_length(data_dir: str | Path, seq_length: int, meta: dict | None = None) -> None:
+    """The run config's seq_length is the one `data_dir` was tokenized with (its data.json): what
+    both trainers refuse otherwise, and `migrate hparams` checks before it says the knobs agree."""
+    meta = read_meta(data_dir) if meta is None else meta
+    if seq_length != meta.get("seq_length"):
+        raise MigrateError(f"run config seq_length is {seq_length} but {data_dir} was tokenized "
+                           f"with seq_length {meta.get('seq_length')}")
 
 
 def sample_order(n: int, count: int, seed: int | None) -> np.ndarray:

@@ -30,12 +30,16 @@ from mindspore import nn
 from migrate.checkpoints.atomic import atomic_output_dir, atomic_write_text
 from migrate.checkpoints.manifest import sha256_files, verify_manifest, write_manifest
 from migrate.checkpoints.ms_reader import checkpoint_files
+from migrate.dtype_names import PRECISIONS, canonical_dtype
 from migrate.errors import MigrateError
 from migrate.infer.runners import learned_positions
+from migrate.infer.sizes import cache_bytes
 from migrate.infer.special_ids import stop_and_pad
 from migrate.models.kv_cache import CachedStep, cache_shape
 from migrate.models.loading import load_model
 from migrate.models.mode import execution_mode
+from migrate.models.registry import load_model_config
+from migrate.resources import need_memory
 from migrate.sidecar import copy_sidecars
 
 FORMAT, VERSION = "migrate-mindir", 1
@@ -92,6 +96,11 @@ def export_mindir(ms_dir, out, *, batch: int, prefill_len: int, cache_len: int, 
             raise MigrateError(f"{name} must be positive, got {value}")
     if prefill_len >= cache_len:
         raise MigrateError(f"--prefill-len ({prefill_len}) must be shorter than --cache-len ({cache_len})")
+    # The cache is built (and handed to mindspore.export as zeros) at its full size: refuse one that cannot fit
+    fields = load_model_config(ms_dir, trust).to_dict()
+    itemsize = PRECISIONS[canonical_dtype(compute_dtype or fields.get("compute_dtype") or "float32")].bytes
+    need_memory(cache_bytes(fields, batch, cache_len, itemsize),
+                f"the KV cache for --cache-len {cache_len:,} (batch {batch})")
     with execution_mode("graph"):  # mindspore.export compiles the graph; the caller's mode is put back after
         return _export(ms_dir, out, batch, prefill_len, cache_len, compute_dtype, overwrite, trust)
 

@@ -19,6 +19,7 @@ from migrate.errors import MigrateError
 from migrate.infer.batch import Batch, make_batch
 from migrate.infer.generate import Generation, check_lengths, generate
 from migrate.infer.sampling import Sampling
+from migrate.infer.sizes import check_generation_memory
 from migrate.infer.special_ids import stop_and_pad
 from migrate.infer.text import TextStream, decode, encode_prompts, load_tokenizer
 from migrate.models.registry import load_model_config
@@ -88,6 +89,13 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     rows = batch.size
     if spec is None:
         _check_live_options(options)
+        cache_len = options.cache_len or batch.prompt_len + max(options.max_new_tokens, 1)
+        check_lengths(batch, options.max_new_tokens, cache_len)  # before the model loads
+        flag = f"--cache-len {cache_len:,}" if options.cache_len else \
+            f"prompt + --max-new-tokens {options.max_new_tokens:,} ({cache_len:,} slots)"
+        check_generation_memory(fields, batch.size, cache_len, cache=options.cache, dtype=options.dtype,
+                                max_new_tokens=options.max_new_tokens, record_logits=options.compare_hf is not None,
+                                what=f"the KV cache for {flag}" if options.cache else f"attention over {flag}")
     from migrate.models.mode import execution_mode
 
     # MindSpore's mode is process-wide: held while the runner loads and runs, the caller's put back after.
@@ -95,7 +103,7 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
         if spec is not None:
             runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
         else:
-            runner, path = _live_runner(folder, batch, options, trust)
+            runner, path = _live_runner(folder, batch, options, cache_len, trust)
         stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
         on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
         result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
@@ -117,15 +125,13 @@ def _check_live_options(options: Options) -> None:
         raise MigrateError(f"unknown dtype {options.dtype!r}; choose from {', '.join(PRECISIONS)}")
 
 
-def _live_runner(folder: Path, batch: Batch, options: Options, trust: bool = False):
+def _live_runner(folder: Path, batch: Batch, options: Options, cache_len: int, trust: bool = False):
     """The converted model as a runner, in the mode the caller holds (`options.mode`)."""
     from migrate.infer.runners import CachedRunner, UncachedRunner
     from migrate.models.loading import load_model
 
     model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None,
                           trust=trust)
-    cache_len = options.cache_len or batch.prompt_len + max(options.max_new_tokens, 1)
-    check_lengths(batch, options.max_new_tokens, cache_len)  # before the model loads
     kind = CachedRunner if options.cache else UncachedRunner
     runner = kind(model, batch.size, batch.prompt_len, cache_len)
     mode = "GRAPH_MODE" if options.mode == "graph" else "PyNative"

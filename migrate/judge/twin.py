@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from migrate.resources import available_bytes
+
 __all__ = ["REFERENCES", "float64_in_place", "twin_bytes", "twin_refused"]
 
 REFERENCES = ("fp64", "none")
@@ -24,12 +26,6 @@ def twin_bytes(model, in_place: bool = False) -> int:
     if in_place:
         return sum(p.numel() * (8 - p.element_size()) for p in model.parameters())
     return 8 * sum(p.numel() for p in model.parameters())
-
-
-def available_bytes() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available)
 
 
 def twin_refused(model, reference: str, available: int | None = None, in_place: bool = False) -> str | None:

@@ -9,7 +9,8 @@ the adapter was trained on (`migrate.lora.targets.base_fingerprint`); PEFT ignor
 refuses to put the adapter on another base. `read_peft_adapter` reads a folder PEFT wrote (or
 we did) as untrusted input: the checked safetensors reader, every field of the config typed,
 and anything this LoRA cannot express (DoRA, per-module ranks, bias training, modules_to_save,
-Conv1D's fan_in_fan_out) refused in one line.
+Conv1D's fan_in_fan_out, layer replication, LoRA on parameters, trainable tokens, a field PEFT 0.21
+does not have, A or B stored as integers) refused in one line.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 BASE_KEY = "migrate.base_sha256"
 PEFT_VERSION = "0.21.2"  # the PEFT these files are checked against (requirements.lock)
+FLOAT_TENSORS = ("F32", "F16", "BF16", "F64")  # safetensors dtypes an A or B may have
 
 
 @dataclass
@@ -76,6 +78,56 @@ def _field(config: dict, key: str, kinds: tuple, where: Path, default):
     return value
 
 
+# PEFT LoraConfig flags (0.21) this LoRA cannot express: each must be false, and a JSON boolean
+# (a string "true" is not false: it is refused as a wrong type, not read as off).
+_FLAGS = {"use_dora": "DoRA", "fan_in_fan_out": "fan_in_fan_out (Conv1D layers)", "lora_bias": "lora_bias",
+          "use_qalora": "QALoRA"}
+# Fields naming a feature when set: each must be null or empty.
+_FEATURES = {"rank_pattern": "rank_pattern (per-module ranks or alphas)",
+             "alpha_pattern": "alpha_pattern (per-module ranks or alphas)",
+             "modules_to_save": "modules_to_save (fully trained modules)",
+             "layer_replication": "layer_replication (layers repeated from the base)",
+             "target_parameters": "target_parameters (LoRA on parameters, not modules)",
+             "trainable_token_indices": "trainable_token_indices (trained embedding rows)",
+             "alora_invocation_tokens": "alora_invocation_tokens (activated LoRA)",
+             "megatron_config": "megatron_config (Megatron parallel linear layers)",
+             "arrow_config": "arrow_config (Arrow routing)", "use_bdlora": "use_bdlora (block-diagonal LoRA)",
+             "velora_config": "velora_config", "monteclora_config": "monteclora_config",
+             "kasa_config": "kasa_config"}
+# Fields that do not change what the saved A and B compute: read elsewhere (peft_type, r, lora_alpha,
+# lora_dropout, use_rslora, bias, target_modules) or describing how PEFT found the modules, initialised
+# the weights or runs (the weights in the file are what counts).
+_NEUTRAL = {"peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "bias", "target_modules",
+            "task_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision", "inference_mode",
+            "exclude_modules", "init_lora_weights", "layers_to_transform", "layers_pattern", "megatron_core",
+            "loftq_config", "eva_config", "corda_config", "lora_ga_config", "qalora_group_size",
+            "ensure_weight_tying", "runtime_config"}
+
+
+def _empty(value) -> bool:
+    return value is None or value is False or value == {} or value == [] or value == ""
+
+
+def _refuse_features(config: dict, where: Path) -> None:
+    """One line for the first adapter_config.json field naming what this LoRA cannot express;
+    a field PEFT 0.21 does not have is refused unless it is empty (a newer PEFT's feature)."""
+    for key, what in _FLAGS.items():
+        value = config.get(key, False)
+        if not isinstance(value, bool):
+            raise MigrateError(f"{where}: {key} must be true or false, got {value!r}"[:300])
+        if value:
+            raise MigrateError(f"{where}: {what} is not supported")
+    for key, what in _FEATURES.items():
+        if not _empty(config.get(key)):
+            raise MigrateError(f"{where}: {what} is not supported")
+    if config.get("bias", "none") != "none":
+        raise MigrateError(f"{where}: bias {config.get('bias')!r} (trained biases) is not supported; only 'none'")
+    unknown = sorted(k for k in config if k not in _NEUTRAL | set(_FLAGS) | set(_FEATURES) and not _empty(config[k]))
+    if unknown:
+        raise MigrateError(f"{where}: {unknown[0]!r} is not a LoraConfig field of PEFT {PEFT_VERSION} "
+                           f"(a feature migrate cannot express, or not a PEFT adapter)"[:300])
+
+
 def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     folder = Path(folder)
     where = folder / CONFIG_FILE
@@ -89,18 +141,7 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
         raise MigrateError(f"{where}: expected a JSON object")
     if config.get("peft_type") != "LORA":
         raise MigrateError(f"{where}: peft_type {config.get('peft_type')!r} is not LORA")
-    refusals = [("use_dora", True, "DoRA"), ("fan_in_fan_out", True, "fan_in_fan_out (Conv1D layers)"),
-                ("lora_bias", True, "lora_bias")]
-    for key, bad, what in refusals:
-        if config.get(key) == bad:
-            raise MigrateError(f"{where}: {what} is not supported")
-    for key in ("rank_pattern", "alpha_pattern"):
-        if config.get(key):
-            raise MigrateError(f"{where}: {key} (per-module ranks or alphas) is not supported")
-    if config.get("bias", "none") != "none":
-        raise MigrateError(f"{where}: bias {config.get('bias')!r} (trained biases) is not supported; only 'none'")
-    if config.get("modules_to_save"):
-        raise MigrateError(f"{where}: modules_to_save (fully trained modules) is not supported")
+    _refuse_features(config, where)
     rank = _field(config, "r", (int,), where, 8)
     alpha = _field(config, "lora_alpha", (int, float), where, 8)
     dropout = _field(config, "lora_dropout", (int, float), where, 0.0)
@@ -111,6 +152,10 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
             if (folder / "adapter_model.bin").is_file() else "it is missing"
         raise MigrateError(f"{folder}: no {WEIGHTS_FILE} ({found})")
     with SafetensorsFile(weights_file) as handle:
+        for name, entry in handle.entries.items():  # an int8 (quantized) A or B is not the LoRA's float update
+            if entry.dtype not in FLOAT_TENSORS:
+                raise MigrateError(f"{weights_file}: tensor {name} is {entry.dtype}; LoRA weights are floating "
+                                   f"point ({', '.join(FLOAT_TENSORS)})"[:300])
         arrays = {name: handle.read(name) for name in handle.entries}
         base = handle.metadata.get(BASE_KEY)
     weights = _pairs(arrays, weights_file, rank)

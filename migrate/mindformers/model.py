@@ -63,7 +63,11 @@ def check_expressible(config: LlamaConfig, seq_length: int, family: str | None =
     window = _window(config)
     if window is not None and window < seq_length:
         raise refuse("sliding_window", f"{window} < seq_length {seq_length}: it attends to every earlier position")
-    extend_method(config, seq_length)  # raises for a RoPE scaling it lacks
+    method, _ = extend_method(config, seq_length)  # raises for a RoPE scaling it lacks
+    if method == "None" and seq_length > config.seq_length:
+        # FreqsMgr builds max_position_embedding rows of RoPE angles and slices seq_length of them
+        raise MigrateError(f"seq_length {seq_length:,} exceeds the model's max_position_embeddings "
+                           f"{config.seq_length:,}: MindFormers' RoPE table (max_position_embedding) has no more rows")
 
 
 def _window(config: LlamaConfig) -> int | None:

@@ -18,6 +18,19 @@ import yaml
 from migrate.errors import MigrateError
 from migrate.safeyaml import load_yaml, quote
 
+# Sizes a model cannot have zero (or fewer) of, in any family's config that has them.
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "head_dim", "seq_length",
+               "type_vocab_size")
+
+
+def check_sizes(config) -> None:
+    """One line for a size field below 1 (`num_layers: 0` is no model: the planner divided by it,
+    the model built nothing); a field the config lacks, or leaves None (a default), is skipped."""
+    for name in SIZE_FIELDS:
+        value = getattr(type(config), "__dataclass_fields__", {}).get(name) and getattr(config, name)
+        if isinstance(value, int) and value < 1:
+            raise MigrateError(f"model config field {name} must be positive, got {value}")
+
 
 def check_heads(hidden_size: int, num_heads: int) -> None:
     if num_heads <= 0 or hidden_size % num_heads:
@@ -28,6 +41,7 @@ class HeadsFromHidden:
     """For a config whose heads split hidden_size evenly (GPT-2, BERT): checked when built."""
 
     def __post_init__(self):
+        check_sizes(self)
         check_heads(self.hidden_size, self.num_heads)
 
     @property
@@ -149,9 +163,7 @@ class LlamaConfig(ConfigIO):
     extra: dict[str, Any] = field(default_factory=dict)  # unknown fields, kept verbatim
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_heads"):
-            if getattr(self, name) <= 0:
-                raise MigrateError(f"model config field {name} must be positive, got {getattr(self, name)}")
+        check_sizes(self)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.num_heads
         if self.n_kv_heads <= 0:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.resources import need_memory
 
 IGNORE_INDEX = -100
 
@@ -29,6 +30,9 @@ class Inputs:
 def seeded_inputs(vocab: int, batch: int, length: int, seed: int, padded: bool, pad_id: int = 0) -> Inputs:
     if batch < 1 or length < 2:
         raise MigrateError("need --batch ≥ 1 and --seq-len ≥ 2")
+    # The ids, and the least a forward allocates for them: one head's fp32 attention scores.
+    need_memory(batch * length * 8 + batch * length * length * 4,
+                f"a forward of --batch {batch:,} × --seq-len {length:,}")
     ids = np.random.default_rng(seed).integers(0, vocab, size=(batch, length), dtype=np.int64)
     mask = None
     desc = f"{batch}×{length} seeded token ids (seed {seed})"

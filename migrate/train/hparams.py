@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from migrate.data.samples import META_FILE, check_seq_length
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.train.building import build_training
 from migrate.train.config import RunConfig
@@ -108,6 +109,11 @@ def probe_torch_clip_eps() -> float:
 
 # ---------- the two sides ----------
 def golden_knobs(cfg: RunConfig) -> dict:
+    # Both reports (hparams_report, mindformers' mf_hparams_report) start here: a seq_length the data
+    # was not tokenized with is refused as both trainers refuse it, not reported as agreeing knobs.
+    # The knobs need no data: a data folder not tokenized yet (no data.json) is left to the trainers.
+    if (cfg.require("data") / META_FILE).is_file():
+        check_seq_length(cfg.data, cfg.seq_length)
     golden = load_golden()
     model = golden.build_model(cfg, weights=False)  # on the meta device: names and shapes, no weights
     optimizer = golden.build_optimizer(model, cfg)

@@ -32,6 +32,7 @@ from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import load_model_config
+from migrate.resources import need_memory
 from migrate.sidecar import copy_sidecars
 from migrate.vocab.facts import SPECIALS, has_tokenizer, ms_plan, ms_vocab_names, read_tokenizer, vocab_rows_of
 
@@ -106,6 +107,7 @@ def resize_vocab(ms_dir, out_dir, to: int | None = None, multiple: int | None = 
         raise MigrateError(f"--std must be a positive number, got {std}")
     roles = {emb: 0, **({head: 1} if head and head in ckpt.specs else {})}
     shapes = _new_shapes(ckpt.specs, roles, new, ConversionPlan(plan.keymap, new_config, trust))
+    need_memory(_resize_bytes(ckpt.specs, roles, old, new), f"resizing to {new:,} rows")  # before any row is made
 
     result = ResizeResult(old, new, init, std if init == "normal" else None, seed if init == "normal" else None)
     reason = f"--to {to}" if to is not None else f"--pad-to-multiple {multiple}"
@@ -165,6 +167,15 @@ def _new_shapes(specs: dict, roles: dict, new: int, new_plan: ConversionPlan) ->
                                f"{expected[name]}: vocab resize changes only the embedding and the output head")
         shapes[name] = shape
     return shapes
+
+
+def _resize_bytes(specs: dict, roles: dict, old: int, new: int) -> int:
+    """What the resize holds at once: the new fp32 rows of every resized tensor (kept for the HF
+    side), and the largest resized tensor whole (old rows and new, concatenated)."""
+    def width(name):
+        return math.prod(specs[name][1][1:])
+    kept = sum(max(new - old, 0) * width(n) * 4 for n in roles)
+    return kept + max(new * width(n) * np.dtype(specs[n][0]).itemsize for n in roles)
 
 
 def _new_rows(array: np.ndarray, count: int, init: str, std: float, seed: int, role: int) -> np.ndarray:
