@@ -48,9 +48,8 @@ def _cmd_generate(args) -> int:
         for row, text in enumerate(outcome.texts):
             write((f"[{row}] " if len(outcome.texts) > 1 else "") + text + "\n")
     gen = outcome.generation
-    rate = f" · decode {gen.decode_tokens_per_s:.1f} tokens/s" if gen.steps > 1 else ""
     out.print(f"{gen.tokens.shape[0]} × {gen.steps} tokens ({sampling.describe()}; {outcome.path}) · "
-              f"first token {gen.first_token_s * 1000:.0f} ms{rate}", highlight=False)
+              f"{gen.timing_line()}", highlight=False)
     if outcome.comparison is not None:
         out.print(f"vs HF generate: {outcome.comparison.line()}", highlight=False)
         return outcome.comparison.verdict.exit_code

@@ -133,6 +133,23 @@ def test_grad_norm_and_nonfinite_handling(tmp_path, golden):
     assert r.check("max").step == 70 and math.isinf(r.check("max").value)
 
 
+def test_a_loss_non_finite_on_both_sides_agrees_and_is_named(tmp_path):
+    # A NaN gradient under health policy warn: both losses null from step 91 (the weights went NaN).
+    steps, loss, lr, grad = golden_curve()
+    loss, grad = [None if s > 90 else v for s, v in zip(steps, loss, strict=True)], list(grad)
+    grad[89:] = [None] * 11
+    g = write_log(tmp_path / "g.jsonl", steps, loss, lr, grad)
+    r = compare_runs(g, write_log(tmp_path / "ms.jsonl", steps, loss, lr, grad))
+    assert r.exit_code == 0
+    assert "loss non-finite on both sides at 10 steps (91..100): they agree there; the loss rules judge the " \
+           "other steps" in r.notes
+    # One side still finite there (its NaN never reached the weights): the first such step fails.
+    finite = write_log(tmp_path / "ms_finite.jsonl", steps, golden_curve()[1], lr, grad)
+    r = compare_runs(g, finite)
+    assert r.exit_code == 1 and r.check("max").step == 91
+    assert not any("non-finite on both sides" in n for n in r.notes)
+
+
 def test_tolerance_overrides(tmp_path, golden):
     steps, loss, lr, grad = golden_curve()
     ms = write_log(tmp_path / "ms.jsonl", steps, loss * (1 + 2e-6), lr, grad)

@@ -187,3 +187,58 @@ def test_load_hf_model_names_a_missing_folder(tmp_path):
 
     with pytest.raises(MigrateError, match="not found"):
         load_hf_model(tmp_path / "nope")
+
+
+class _Clock:
+    """A clock that moves only when the fake runner works: the times are exact, no wall clock read."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class _TimedRunner:
+    """prefill costs 5 s, the first decode call 100 s (the decode graph's compile) + 1, later ones 1 s."""
+
+    batch, prefill_len, cache_len, vocab = 2, 4, 32, 16
+
+    def __init__(self, clock):
+        self.clock, self.decodes = clock, 0
+
+    def _logits(self, step):
+        logits = np.zeros((self.batch, self.vocab), np.float32)
+        logits[:, 3 + step % 5] = 1.0  # never the stop id 2
+        return logits
+
+    def prefill(self, inputs):
+        self.clock.now += 5.0
+        return self._logits(0)
+
+    def decode(self, tokens, positions, start, key_mask):
+        self.decodes += 1
+        self.clock.now += 101.0 if self.decodes == 1 else 1.0
+        return self._logits(self.decodes)
+
+
+def test_the_decode_rate_excludes_the_compile_of_the_first_decode_step(monkeypatch):
+    import migrate.infer.generate as gen_module
+
+    clock = _Clock()
+    monkeypatch.setattr(gen_module, "time", clock)
+    runner = _TimedRunner(clock)
+    batch = make_batch([[5, 6, 7, 8], [9, 10, 11, 12]], 0, runner.vocab)
+    gen = generate(runner, batch, 12, Sampling(), stop_ids=[2])
+    assert gen.steps == 12 and runner.decodes == 11  # the first token comes from the prefill
+    assert gen.first_token_s == 5.0 and gen.first_decode_s == 101.0
+    # The decode timer starts when the first decode call has returned: 10 calls timed, 1 s each.
+    assert gen.decode_steps == 10 and gen.decode_s == 10.0
+    assert gen.decode_tokens_per_s == 2.0 and gen.decode_compile_s == 100.0 and gen.total_s == 116.0
+    assert gen.timing_line() == ("first token 5000 ms · first decode step 101000 ms (compile ≈ 100000 ms) · "
+                                 "decode 2.0 tokens/s over 10 steps")
+    # The rows a static batch padded out keep the timing; 2 tokens have no timed decode step; 1 no decode.
+    assert gen.rows(1).timing_line() == gen.timing_line().replace("2.0 tokens/s", "1.0 tokens/s")
+    for n, line in ((2, "first token 5000 ms · first decode step 101000 ms"), (1, "first token 5000 ms")):
+        clock.now = 0.0
+        assert generate(_TimedRunner(clock), batch, n, Sampling()).timing_line() == line

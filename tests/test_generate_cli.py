@@ -66,6 +66,12 @@ def test_generate_matches_hf_and_the_mindir_files_alone(folders, capsys):
     one = _run(capsys, "generate", "--mindir", alone, "--prompt", PROMPTS[0], "--max-new-tokens", 12,
                "--ignore-eos")
     assert one[0] == 0 and "1 × 12 tokens" in one[1]
+    # The compiles stay out of the decode rate: prefill in the first token, the decode graph's in the
+    # first decode step; the rate is timed over the decode steps after it (12 tokens: 10 steps).
+    line = " ".join(one[1].split("1 × 12 tokens")[-1].split())  # the console may wrap it
+    assert " · first token " in line and " · first decode step " in line and "(compile ≈ " in line, line
+    assert line.endswith(" tokens/s over 10 steps"), line
+    assert " tokens/s over 38 steps vs HF generate: PASS" in " ".join(live[1].split())
     with capsys.disabled():
         print("\n" + live[1] + graph[1] + one[1])
 

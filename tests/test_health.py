@@ -5,6 +5,7 @@ identically; TensorBoard event files read back equal metrics.jsonl.
 Scenarios on the tiny Llama of train_setup (each trains both sides a few dozen steps):
   spike   a micro-batch of repeated <pad> (never in the corpus) at step 40, policy warn
   nan     a NaN gradient at step 8, policy skip; `migrate compare` passes the pair
+  nan_w   a NaN gradient at step 2, policy warn: NaN weights on both sides, compare passes
   lr      the lr x100 at step 3 of a 4-step warmup, policy stop (exit code 3)
   fp16    overflowing gradients at steps 3-8 from a scale of 16: a run of skips, then collapse
 """
@@ -169,6 +170,25 @@ def test_a_nan_gradient_is_skipped_identically_and_compare_passes(nan_skip, root
                                    root / "nan_ms" / "effective_hparams.json"))
     assert broken.exit_code == 1
     assert "health" in {row.knob for row in broken.hparams.differing}  # the policies differ, and it says so
+
+
+def test_a_nan_gradient_under_warn_reaches_the_weights_on_both_sides(root, capsys):
+    # warn steps on as the framework would: clip_grad_norm_'s NaN norm turns every gradient NaN,
+    # so the loss is NaN from the next step on, on the MindSpore side too (it stayed finite there,
+    # its clip coefficient clamped to 1, and compare failed at step 3).
+    cfg = load_cfg(root, total_steps=4, schedule=SHORT, health=HealthConfig(policy="warn"))
+    runs = both(cfg, root, "nan_w", step_faults=["nan_grad@2"])
+    for side, (m, entries, error) in runs.items():
+        assert error is None and len(m) == 4, side
+        assert [r["loss"] is None for r in m] == [False, False, True, True], side
+        assert m[1]["grad_norm"] is None and not m[1].get("skipped"), side  # warn: the step was taken
+        assert events(entries) == [(2, "nonfinite_grad", "continue"), (3, "nonfinite_loss", "continue"),
+                                   (3, "nonfinite_grad", "continue"), (4, "nonfinite_loss", "continue"),
+                                   (4, "nonfinite_grad", "continue")], side
+    capsys.readouterr()
+    assert cli_main(["compare", str(root / "nan_w_golden"), str(root / "nan_w_ms")]) == 0
+    out = capsys.readouterr().out
+    assert "loss non-finite on both sides at 2 steps (3..4)" in out and "PASS" in out
 
 
 def test_an_lr_100x_in_warmup_stops_both_runs(root):

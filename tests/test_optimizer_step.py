@@ -82,6 +82,31 @@ def test_a_skipped_step_measures_zeroes_and_changes_nothing():
     assert all(not a.asnumpy().any() for a in step.grads)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nonfinite_gradient_is_clipped_and_stepped_as_torch_does(bad):
+    # Health policy warn steps on: clip_grad_norm_'s NaN norm makes every gradient NaN (every
+    # weight NaN after AdamW); an inf norm makes the coefficient 0 (inf * 0 = NaN in that element
+    # only). MindSpore's clamp returned 1 for a NaN coefficient, leaving all but one weight finite.
+    grads = _grads(3.0)
+    grads[1][2] = bad
+    weights, params, _, step = _setup(f"bad{bad}", grads)
+    step.measure()
+    step.finish(apply=True)
+
+    tparams = [torch.nn.Parameter(torch.tensor(w)) for w in weights]
+    topt = torch.optim.AdamW([{"params": tparams[::2], "weight_decay": 0.1},
+                              {"params": tparams[1::2], "weight_decay": 0.0}], lr=1e-2)
+    for p, g in zip(tparams, grads, strict=True):
+        p.grad = torch.tensor(g)
+    torch.nn.utils.clip_grad_norm_(tparams, 1.0)
+    topt.step()
+    for p, t in zip(params, tparams, strict=True):
+        ours, theirs = p.asnumpy(), t.detach().numpy()
+        assert np.array_equal(np.isnan(ours), np.isnan(theirs)), p.name
+        np.testing.assert_allclose(ours[~np.isnan(ours)], theirs[~np.isnan(theirs)], rtol=1e-6, atol=1e-7)
+    assert np.isnan(params[0].asnumpy()).all() == (bad != np.inf)
+
+
 def test_finite_check_is_gradscalers():
     # A finite element whose square overflows: the norm is inf, yet GradScaler steps.
     grads = _grads(0.05)

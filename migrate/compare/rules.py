@@ -136,8 +136,8 @@ from migrate.compare.stats import (
 )
 from migrate.judge import Check, fmt_figure
 
-__all__ = ["hparams_rule", "coverage_rule", "agreement_rules", "measure_noise", "band_factor", "loss_rules",
-           "lr_rule", "grad_rules", "noise_notes"]
+__all__ = ["hparams_rule", "coverage_rule", "agreement_rules", "nonfinite_note", "measure_noise", "band_factor",
+           "loss_rules", "lr_rule", "grad_rules", "noise_notes"]
 
 _NOISE_WINDOW_FACTOR = 4
 
@@ -204,6 +204,16 @@ def agreement_rules(golden: Run, ms: Run, res: CompareResult) -> list[Check]:
             at_steps(ms, steps, ms.loss_scale),
             lambda step, g, m: f"loss scale differs at step {step} (golden {g:g}, MindSpore {m:g})"))
     return checks
+
+
+def nonfinite_note(res: CompareResult) -> None:
+    """Say where the loss is non-finite on both sides (a NaN that reached the weights under health
+    policy warn): agreement, left out of the loss rules, but not silently."""
+    both = ~np.isfinite(res.loss_golden) & ~np.isfinite(res.loss_ms)
+    if both.any():
+        steps = [int(s) for s in res.steps[both]]
+        res.notes.append(f"loss non-finite on both sides at {len(steps)} step{'s' if len(steps) != 1 else ''} "
+                         f"({_ranges(steps)}): they agree there; the loss rules judge the other steps")
 
 
 def _same_every_step(res: CompareResult, key: str, label: str, golden: np.ndarray, ms: np.ndarray,

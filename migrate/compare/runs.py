@@ -34,6 +34,7 @@ from migrate.compare.rules import (
     lr_rule,
     measure_noise,
     noise_notes,
+    nonfinite_note,
 )
 from migrate.compare.stats import at_steps, rel_diff, trailing_mean
 from migrate.compare.tolerances import Tolerances
@@ -86,6 +87,7 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
     checks = [hparams_rule(res.hparams, res)]
     checks += coverage_rule(golden, ms, res)
     checks += agreement_rules(golden, ms, res)
+    nonfinite_note(res)
     if noise is not None:
         measure_noise(noise, res)
     k = band_factor(res, noise is not None)

@@ -1,5 +1,6 @@
-"""Adapters between the ecosystems: `migrate lora export`, `import` and `merge`. No framework:
-tensors go through migrate's own readers and writers, so none of these loads MindSpore or torch.
+"""Adapters between the ecosystems: `migrate lora export`, `import` and `merge`. Tensors go through
+migrate's own readers and writers, so none of these loads MindSpore; `merge` forms each update
+scaling·B·A with torch, the library PEFT's `merge_and_unload` computes it with (`peft_delta`).
 
     export_adapter(RUN/checkpoints/latest, OUT)       MindSpore adapter -> PEFT folder (adapter_config.json +
                                                       adapter_model.safetensors) that PeftModel.from_pretrained loads
@@ -180,14 +181,29 @@ def import_adapter(peft_dir: str | Path, ms_model: str | Path, out: str | Path, 
     return Path(out)
 
 
+def peft_delta(a: np.ndarray, b: np.ndarray, scaling: float) -> np.ndarray:
+    """scaling · B·A exactly as PEFT's merge forms it: `LoraLayer.get_delta_weight` computes
+    `(B @ A) * scaling` in torch on the adapters as `PeftModel.from_pretrained` loads them (fp32:
+    `autocast_adapter_dtype=True` upcasts 16-bit adapter files), `scaling` a Python float. The same
+    call gives the same rounding: numpy's matmul (OpenBLAS) sums the rank's products in another
+    order than torch's (MKL) for some shapes (rank 32 on layers 40 wide: 1 fp32 ulp on ~15 % of the
+    elements; none at hidden 32), so the delta is torch's own. fan_in_fan_out (PEFT's transpose)
+    is refused on read."""
+    import torch
+
+    with torch.no_grad():
+        ta = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        tb = torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32))
+        return ((tb @ ta) * float(scaling)).numpy()
+
+
 def merged_deltas(adapter: Adapter, sites: list[Site], fields: dict) -> dict[str, np.ndarray]:
     """Model weight name -> scaling · B·A in the MindSpore layout (a fused weight: every part's
     delta, zeros for parts without an adapter, put in place by the fused layout)."""
-    scaling = np.float32(adapter.spec.scaling)
     deltas, fused = {}, {}
     for site in sites:
         a, b = adapter.weights[site.hf_module]
-        delta = (b @ a) * scaling
+        delta = peft_delta(a, b, adapter.spec.scaling)
         if site.fused:
             fused.setdefault(site.cell_weight, (site, {}))[1][site.part] = delta
         else:
@@ -200,8 +216,11 @@ def merged_deltas(adapter: Adapter, sites: list[Site], fields: dict) -> dict[str
 
 def merge_adapter(adapter_path: str | Path, out: str | Path, ms_model=None, overwrite: bool = False, *,
                   trust: bool = False) -> Path:
-    """A converted folder whose weights are the base's plus the adapter's update: W + scaling·B·A,
-    computed in fp32 and stored in the base's dtype. Tensors stream one at a time. trust (each of the
+    """A converted folder whose weights are the base's plus the adapter's update, bit for bit as PEFT's
+    `merge_and_unload` (`weight.data += delta`): the delta from `peft_delta`, added in fp32 to the
+    base weight and rounded once to its dtype (torch's in-place add of an fp32 tensor into a bf16 /
+    fp16 one computes in fp32 and rounds to nearest even, as numpy's astype does). Tensors stream
+    one at a time. trust (each of the
     three commands): the base's model class may be imported even if migrate does not bundle it."""
     adapter = open_adapter(adapter_path)
     base = _base_of(adapter, ms_model)

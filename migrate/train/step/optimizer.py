@@ -26,9 +26,9 @@ zeroes them for the next step. Both ways run the same graph code (`grad_norm`,
 `clip_and_step`) and give the same numbers bit for bit.
 
 Numbers, as torch forms them: the norm is clip_grad_norm_'s (the norm of the per-tensor
-norms), the coefficient is max_norm * reciprocal(norm + eps) clamped at 1, the gradients are
-multiplied by it, and the clipped norm is measured on the clipped tensors. Each per-tensor
-norm sums rows first: MindSpore's CPU ReduceSum over a whole tensor runs on one thread
+norms), the coefficient is max_norm * reciprocal(norm + eps) clamped at 1 (a NaN stays NaN, as
+in torch), the gradients are multiplied by it, and the clipped norm is measured on the clipped
+tensors. Each per-tensor norm sums rows first: MindSpore's CPU ReduceSum over a whole tensor runs on one thread
 (measured 12x slower at 115 M parameters); the result differs only in rounding.
 """
 from __future__ import annotations
@@ -75,6 +75,13 @@ def grad_norm(hyper_map, grads, inv_scale, unscale: bool):
     return _total_norm(hyper_map, grads)
 
 
+def _clamp_max_one(coef):
+    """torch.clamp(coef, max=1.0), NaN included: a NaN norm makes a NaN coefficient, so every clipped
+    gradient turns NaN as in clip_grad_norm_. MindSpore's clamp / minimum return 1 for NaN on CPU,
+    which left all but the poisoned element finite (issue 26); `where` keeps finite values bit for bit."""
+    return ops.where(coef > 1.0, ops.ones_like(coef), coef)
+
+
 def clip_and_step(hyper_map, grads, unscale: bool, clip: bool, update, inv_scale, total, max_norm, eps, adam_args):
     """(clipped norm, what `update` returned): unscale, clip by `total`, measure, step (traced in a graph)."""
     if unscale:
@@ -82,7 +89,7 @@ def clip_and_step(hyper_map, grads, unscale: bool, clip: bool, update, inv_scale
     clipped = total
     if clip:
         # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
-        coef = ops.clamp(ops.reciprocal(total + eps) * max_norm, None, 1.0)
+        coef = _clamp_max_one(ops.reciprocal(total + eps) * max_norm)
         grads = hyper_map(ops.partial(ops.mul, coef), grads)
         clipped = _total_norm(hyper_map, grads)
     done = ()
