@@ -19,6 +19,7 @@ import yaml
 from migrate.errors import MigrateError
 
 MAX_NODES = 100_000      # expanded nodes per document; the bundled keymaps hold a few hundred
+MAX_BYTES = 16 << 20     # a keymap, model.yaml or run.yaml is a few KB: a file past this is not one
 QUOTE_LIMIT = 200        # characters of a value quoted in an error message
 
 _repr = reprlib.Repr()
@@ -101,9 +102,13 @@ def load_yaml(path: str | Path, what: str) -> Any:
     (e.g. "keymap", "model config") and the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)  # bounded on the open file: a FIFO cannot run past it
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MigrateError(f"cannot read {what} {path}: {clip(getattr(exc, 'strerror', None) or exc)}") from None
+    if len(raw) > MAX_BYTES:
+        raise MigrateError(f"invalid {what} {path}: larger than {MAX_BYTES >> 20} MiB; refused")
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 -- a SafeLoader subclass
     except (yaml.YAMLError, RecursionError) as exc:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 FORMAT_SUFFIX = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
 DEFAULT_MAX_SHARD = {"ckpt": "1.9GB", "safetensors": None}  # None: one file, however large
@@ -164,7 +165,7 @@ def read_index(index_path: str | Path) -> tuple[str, dict[str, Path]]:
     index_path = Path(index_path)
     fmt = next((f for f in FORMAT_SUFFIX if index_path.name.endswith(f"{FORMAT_SUFFIX[f]}.index.json")), None)
     try:
-        index = json.loads(index_path.read_text())
+        index = load_json(index_path)
         weight_map = index["weight_map"]
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise TypeError("weight_map is not a mapping of tensor names to file names")

@@ -21,6 +21,7 @@ import numpy as np
 
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.lora.spec import ALL_LINEAR, LoraSpec
 from migrate.lora.targets import PEFT_PREFIX
 
@@ -81,12 +82,7 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     where = folder / CONFIG_FILE
     if not where.is_file():
         raise MigrateError(f"{folder} is not a PEFT adapter folder: no {CONFIG_FILE}")
-    try:
-        config = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MigrateError(f"{where}: unreadable ({exc})") from None
-    if not isinstance(config, dict):
-        raise MigrateError(f"{where}: expected a JSON object")
+    config = load_json(where, expect=dict)  # bounded: one line naming the file otherwise
     if config.get("peft_type") != "LORA":
         raise MigrateError(f"{where}: peft_type {config.get('peft_type')!r} is not LORA")
     refusals = [("use_dora", True, "DoRA"), ("fan_in_fan_out", True, "fan_in_fan_out (Conv1D layers)"),

@@ -28,6 +28,7 @@ from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.keymap import recorded_keymap, resolve
 from migrate.lora.peft_files import is_peft_adapter, read_peft_adapter, write_peft_adapter
 from migrate.lora.record import ADAPTER_FILE, LORA_FILE, adapter_record, read_record, spec_of
@@ -234,7 +235,7 @@ def merge_adapter(adapter_path: str | Path, out: str | Path, ms_model=None, over
 def _conversion_record(base: Path) -> dict:
     """The base's conversion.json fields that say how to read it back (keymap, target), else the keymap name."""
     try:
-        record = json.loads((base / "conversion.json").read_text())
+        record = load_json(base / "conversion.json")
         return {k: record[k] for k in ("tool", "keymap", "target") if k in record}
     except (OSError, ValueError):
         return {"keymap": {"name": recorded_keymap(base)}}

@@ -47,6 +47,7 @@ from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
+from migrate.jsonsafe import JSONError, load_json
 from migrate.sidecar import copy_sidecars
 from migrate.train.checkpoint.files import (
     ADAPTER_FILE,
@@ -267,9 +268,11 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 def _read_json(folder: Path, name: str):
     try:
-        return json.loads((folder / name).read_text())
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
-        raise MigrateError(f"unreadable {name} in {folder}: {exc}") from None
+        return load_json(folder / name)
+    except JSONError:
+        raise  # names the file, in one line
+    except OSError as exc:
+        raise MigrateError(f"unreadable {name} in {folder}: {exc.strerror or exc}") from None
 
 
 # ---------- merging ----------
@@ -289,7 +292,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) 
         if is_sharded(record):
             state = merged_optimizer_state(checkpoint.path, record)
             save_tensors_atomically(state, tmp / OPTIMIZER_FILE)
-        state = json.loads((checkpoint.path / STATE_FILE).read_text())
+        state = load_json(checkpoint.path / STATE_FILE)
         state["merged_from"] = {"path": str(checkpoint.path), "layout": layout_without_files(record)}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         write_manifest(tmp)  # last: the merged folder is a checkpoint of its own (its source was verified)
