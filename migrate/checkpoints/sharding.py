@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
 
@@ -177,11 +178,11 @@ def read_index(index_path: str | Path) -> tuple[str, dict[str, Path]]:
         raise MigrateError(f"corrupt index {index_path}: {exc}") from None
     if fmt not in FORMAT_SUFFIX:
         raise MigrateError(f"index {index_path} names no known checkpoint format")
-    root = index_path.parent.resolve()
+    folder = InputFolder(index_path.parent, "checkpoint folder")
     out = {}
     for name, shard in weight_map.items():
-        path = (root / shard).resolve()
-        if Path(shard).is_absolute() or path.parent != root:
+        path = folder.member(shard, f"index {index_path.name}", must_exist=False).resolve()  # the reader rule
+        if path.parent != folder.real:  # and stricter: shards lie beside their index
             raise MigrateError(f"index {index_path.name} names a file outside its folder: {shard}")
         if path.suffix != FORMAT_SUFFIX[fmt]:
             raise MigrateError(f"index {index_path.name} names {shard}, not a {FORMAT_SUFFIX[fmt]} file")

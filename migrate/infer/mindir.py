@@ -162,9 +162,9 @@ def read_spec(folder) -> dict:
     problem = _spec_problem(spec)
     if problem:
         raise MigrateError(f"{path}: {problem}")
-    for graph in GRAPHS:
-        files.member(spec["graphs"][graph]["file"], f"{SPEC_FILE}'s {graph} graph")
     verify_manifest(folder)  # a missing, changed or extra file is named here
+    for graph in GRAPHS:  # the manifest lists what is there; the rule, where the spec may point
+        files.member(spec["graphs"][graph]["file"], f"{SPEC_FILE}'s {graph} graph")
     return spec
 
 

@@ -47,7 +47,7 @@ from migrate.checkpoints.atomic import atomic_output_dir
 from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
-from migrate.jsonsafe import JSONError, load_json
+from migrate.jsonsafe import load_json
 from migrate.sidecar import copy_sidecars
 from migrate.train.checkpoint.files import (
     ADAPTER_FILE,
@@ -269,10 +269,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 def _read_json(folder: Path, name: str):
     try:
         return load_json(folder / name)
-    except JSONError:
-        raise  # names the file, in one line
-    except OSError as exc:
-        raise MigrateError(f"unreadable {name} in {folder}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:  # ValueError: jsonsafe.JSONError (not JSON, not UTF-8, too deep)
+        raise MigrateError(f"unreadable {name} in {folder}: {exc}") from None
 
 
 # ---------- merging ----------
