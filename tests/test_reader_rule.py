@@ -135,6 +135,17 @@ def test_a_deeply_nested_or_huge_manifest_is_refused(world, dump, capsys):
     refused(capsys, "diff", dump, world / "dump", match=f"manifest.json: larger than {MAX_JSON_BYTES >> 20} MiB")
 
 
+def test_manifest_fields_of_another_type_are_refused(world, dump, capsys):
+    edit_json(dump / "manifest.json", lambda m: {**m, "files": 5})
+    refused(capsys, "diff", dump, world / "dump", match="files is 5, not what migrate dump writes")
+
+
+def test_an_inputs_file_linked_out_of_the_dump_is_refused(world, dump, capsys, tmp_path):
+    os.replace(dump / "inputs.npz", tmp_path / "in.npz")
+    os.symlink(tmp_path / "in.npz", dump / "inputs.npz")
+    refused(capsys, "diff", dump, world / "dump", match="inputs.npz is a link to a file outside the dump")
+
+
 def test_a_record_count_the_manifest_does_not_state_is_refused(world, dump, capsys):
     edit_json(dump / "modules.json", lambda recs: recs[:-1])
     refused(capsys, "diff", dump, world / "dump", match="records, manifest.json says")
@@ -299,6 +310,12 @@ def test_inspect_lists_a_tensor_of_a_dtype_convert_cannot_read(world, capsys, tm
     listed = capsys.readouterr().out
     assert any(name in line and "F8_E4M3" in line for line in listed.splitlines()), listed
     refused(capsys, "convert", hf, tmp_path / "ms", match="dtype F8_E4M3 is not supported", out=tmp_path / "ms")
+
+
+def test_a_deeply_nested_config_json_is_refused(world, capsys, tmp_path):
+    hf = Path(shutil.copytree(world / "hf", tmp_path / "hf"))
+    (hf / "config.json").write_text(DEEP)
+    refused(capsys, "convert", hf, tmp_path / "ms", match="config.json: nested more than", out=tmp_path / "ms")
 
 
 def test_an_index_naming_a_folder_or_an_absolute_path_is_refused(world, capsys, tmp_path):
