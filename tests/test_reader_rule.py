@@ -293,6 +293,23 @@ def test_a_deeply_nested_adapter_config_is_refused(world, capsys, tmp_path):
             match="adapter_config.json: nested more than", out=tmp_path / "out")
 
 
+def test_adapter_weights_linked_out_of_the_adapter_folder_are_refused(world, capsys, tmp_path):
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4}))
+    (tmp_path / "elsewhere.safetensors").write_bytes(save({"x": np.zeros(2, np.float32)}))
+    os.symlink(tmp_path / "elsewhere.safetensors", peft / "adapter_model.safetensors")
+    refused(capsys, "lora", "import", peft, tmp_path / "out", "--model", world / "hf",
+            match="adapter_model.safetensors is a link to a file outside the adapter folder", out=tmp_path / "out")
+
+
+def test_a_converted_checkpoint_linked_out_of_its_folder_is_refused(world, capsys, tmp_path):
+    assert main(["convert", str(world / "hf"), str(tmp_path / "ms")]) == 0
+    os.replace(tmp_path / "ms" / "model.ckpt", tmp_path / "elsewhere.ckpt")
+    os.symlink(tmp_path / "elsewhere.ckpt", tmp_path / "ms" / "model.ckpt")
+    refused(capsys, "inspect", tmp_path / "ms", match="model.ckpt is a link to a file outside the model folder")
+
+
 def test_a_deeply_nested_run_yaml_is_refused(capsys, tmp_path):
     (tmp_path / "run.yaml").write_text("data: " + "[" * 20_000 + "\n")
     refused(capsys, "train", "--config", tmp_path / "run.yaml", match="run.yaml: nested too deeply")

@@ -14,11 +14,13 @@ Conv1D's fan_in_fan_out) refused in one line.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
@@ -82,7 +84,8 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     where = folder / CONFIG_FILE
     if not where.is_file():
         raise MigrateError(f"{folder} is not a PEFT adapter folder: no {CONFIG_FILE}")
-    config = load_json(where, expect=dict)  # bounded: one line naming the file otherwise
+    members = InputFolder(folder, "adapter folder")  # the reader rule: files inside, JSON bounded
+    config = load_json(members.member(CONFIG_FILE, CONFIG_FILE), expect=dict)
     if config.get("peft_type") != "LORA":
         raise MigrateError(f"{where}: peft_type {config.get('peft_type')!r} is not LORA")
     refusals = [("use_dora", True, "DoRA"), ("fan_in_fan_out", True, "fan_in_fan_out (Conv1D layers)"),
@@ -102,10 +105,11 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     dropout = _field(config, "lora_dropout", (int, float), where, 0.0)
     rslora = _field(config, "use_rslora", (bool,), where, False)
     weights_file = folder / WEIGHTS_FILE
-    if not weights_file.is_file():
+    if not os.path.lexists(weights_file):
         found = "adapter_model.bin (pickle) is not read; save it with safe_serialization" \
             if (folder / "adapter_model.bin").is_file() else "it is missing"
         raise MigrateError(f"{folder}: no {WEIGHTS_FILE} ({found})")
+    weights_file = members.member(WEIGHTS_FILE, WEIGHTS_FILE)
     with SafetensorsFile(weights_file) as handle:
         arrays = {name: handle.read(name) for name in handle.entries}
         base = handle.metadata.get(BASE_KEY)

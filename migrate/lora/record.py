@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
 from migrate.lora.spec import LoraSpec
@@ -31,7 +32,7 @@ def adapter_record(spec: LoraSpec, sites: list[Site], keymap: str, ms_model, bas
 
 
 def read_record(folder: Path) -> dict:
-    path = Path(folder) / LORA_FILE
+    path = InputFolder(folder, "adapter folder").member(LORA_FILE, LORA_FILE)
     record = load_json(path)  # bounded: one line naming the file otherwise
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("targets"), list):
         raise MigrateError(f"{path} is not a migrate LoRA adapter record")

@@ -15,6 +15,7 @@ base must match it. Anything else is one MigrateError line and nothing written.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 
 from migrate import __version__
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import verify_checkpoint
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
@@ -69,9 +71,9 @@ def open_ms_adapter(path: str | Path) -> Adapter:
     verify_checkpoint(folder)  # a training checkpoint's manifest; a plain adapter folder passes
     record = read_record(folder)
     spec = spec_of(record, folder)
-    tensors = dict(iter_ckpt(folder / ADAPTER_FILE)) if (folder / ADAPTER_FILE).is_file() else None
-    if tensors is None:
+    if not os.path.lexists(folder / ADAPTER_FILE):
         raise MigrateError(f"{folder} has no {ADAPTER_FILE}")
+    tensors = dict(iter_ckpt(InputFolder(folder, "adapter folder").member(ADAPTER_FILE, ADAPTER_FILE)))
     weights = {}
     for target in record["targets"]:
         try:

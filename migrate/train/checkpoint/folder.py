@@ -44,6 +44,7 @@ import mindspore as ms
 import numpy as np
 
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
@@ -255,9 +256,11 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
     sharded = is_sharded(read_layout(folder))
     weights = ADAPTER_FILE if (folder / LORA_FILE).is_file() else MODEL_FILE
+    members = InputFolder(folder, "checkpoint")
     for name in (weights, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
         if not (folder / name).is_file():
             raise MigrateError(f"checkpoint {folder} has no {name}")
+        members.member(name, name)  # inside the checkpoint (an old one has no manifest refusing links)
     state["rng"] = _read_json(folder, RNG_FILE)
     try:
         metrics_text = (folder / METRICS_FILE).read_text()
