@@ -311,8 +311,8 @@ def test_a_converted_checkpoint_linked_out_of_its_folder_is_refused(world, capsy
 
 
 def test_a_deeply_nested_run_yaml_is_refused(capsys, tmp_path):
-    (tmp_path / "run.yaml").write_text("data: " + "[" * 20_000 + "\n")
-    refused(capsys, "train", "--config", tmp_path / "run.yaml", match="run.yaml: nested too deeply")
+    (tmp_path / "run.yaml").write_text("data: " + "[" * 1_500 + "]" * 1_500 + "\n")
+    refused(capsys, "train", "--config", tmp_path / "run.yaml", match="run.yaml: nested more than 100 levels deep")
 
 
 # ---------- HF folders ----------
