@@ -11,19 +11,15 @@ import json
 from pathlib import Path
 
 from migrate.errors import MigrateError
-from migrate.safeyaml import clip, quote
+from migrate.jsonsafe import load_json
+from migrate.safeyaml import quote
 
 
 def read_raw_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise MigrateError(f"no config.json in {folder}")
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise MigrateError(f"config.json in {folder} is not valid JSON: {clip(exc)}") from None
-    if not isinstance(data, dict):
-        raise MigrateError(f"config.json in {folder} is not a JSON object")
+    data = load_json(path, expect=dict)  # bounded: one line naming the file otherwise
     # The two fields that pick a keymap and a model class: names, or nothing.
     model_type, archs = data.get("model_type"), data.get("architectures")
     if model_type is not None and not isinstance(model_type, str):

@@ -18,7 +18,9 @@ def inspect_checkpoint(path: str | Path) -> list[tuple[str, str, tuple[int, ...]
     hf_folder = (path / "config.json").is_file() and not (path / "model.yaml").is_file()
     if path.is_dir() and (hf_folder or not is_ms_checkpoint_dir(path)):
         ckpt = open_hf_checkpoint(path)
-        return [(n, short_name(SAFETENSORS_TO_NUMPY[s.dtype]), s.shape) for n, s in ckpt.specs.items()]
+        # A dtype convert cannot read (F8_E4M3, ...) is listed under its safetensors name, not hidden.
+        return [(n, short_name(SAFETENSORS_TO_NUMPY[s.dtype]) if s.dtype in SAFETENSORS_TO_NUMPY else s.dtype,
+                 s.shape) for n, s in ckpt.specs.items()]
     if not path.exists():
         raise MigrateError(f"checkpoint not found: {path}")
     ckpt = open_ms_checkpoint(path)

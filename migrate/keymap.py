@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.keymap_schema import check_schema
 from migrate.safeyaml import clip, load_yaml, quote
 from migrate.transforms import get_layout
@@ -489,7 +489,7 @@ def recorded_keymap(ms_dir: str | Path) -> str:
         if not path.is_file():
             continue
         try:
-            value = json.loads(path.read_text())
+            value = load_json(path)
             for key in keys:
                 value = value[key]
         except (ValueError, KeyError, TypeError):

@@ -19,6 +19,8 @@ import yaml
 from migrate.errors import MigrateError
 
 MAX_NODES = 100_000      # expanded nodes per document; the bundled keymaps hold a few hundred
+MAX_DEPTH = 100          # nesting of sequences and mappings, as migrate.jsonsafe bounds JSON
+MAX_BYTES = 16 << 20     # a keymap, model.yaml or run.yaml is a few KB: a file past this is not one
 QUOTE_LIMIT = 200        # characters of a value quoted in an error message
 
 _repr = reprlib.Repr()
@@ -55,13 +57,15 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 def _check_expansion(root: yaml.Node) -> None:
     """Expanded node count of the composed graph (a shared node counts once per
-    reference), iteratively so that depth cannot exhaust the stack; a cycle (an
+    reference) and its nesting depth (MAX_DEPTH), iteratively so that depth cannot exhaust the stack; a cycle (an
     alias inside its own anchor) is refused."""
     size: dict[int, int] = {}
     on_path: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    stack: list[tuple[yaml.Node, bool, int]] = [(root, False, 1)]
     while stack:
-        node, done = stack.pop()
+        node, done, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _TooDeep()
         key = id(node)
         if done:
             on_path.discard(key)
@@ -74,11 +78,15 @@ def _check_expansion(root: yaml.Node) -> None:
         if key in on_path:
             raise yaml.YAMLError("an alias refers to its own anchor (a recursive structure)")
         on_path.add(key)
-        stack.append((node, True))
-        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+        stack.append((node, True, depth))
+        stack.extend((child, False, depth + 1) for child in _children(node) if id(child) not in size)
 
 
 class _TooLarge(yaml.YAMLError):
+    pass
+
+
+class _TooDeep(yaml.YAMLError):
     pass
 
 
@@ -86,6 +94,8 @@ def yaml_error(exc: BaseException) -> str:
     """One line for a YAML error: the problem and where (line, column)."""
     if isinstance(exc, _TooLarge):
         return f"expands to more than {MAX_NODES:,} values (anchors and aliases); refused"
+    if isinstance(exc, _TooDeep):
+        return f"nested more than {MAX_DEPTH} levels deep; refused"
     if isinstance(exc, RecursionError):
         return "nested too deeply"
     if isinstance(exc, yaml.MarkedYAMLError):
@@ -101,9 +111,13 @@ def load_yaml(path: str | Path, what: str) -> Any:
     (e.g. "keymap", "model config") and the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)  # bounded on the open file: a FIFO cannot run past it
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MigrateError(f"cannot read {what} {path}: {clip(getattr(exc, 'strerror', None) or exc)}") from None
+    if len(raw) > MAX_BYTES:
+        raise MigrateError(f"invalid {what} {path}: larger than {MAX_BYTES >> 20} MiB; refused")
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 -- a SafeLoader subclass
     except (yaml.YAMLError, RecursionError) as exc:

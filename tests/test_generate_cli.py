@@ -166,3 +166,56 @@ def test_generate_export_and_the_mindir_runner_leave_the_mode_as_they_found_it(f
     assert ms.get_context("mode") == ms.PYNATIVE_MODE
     tokens = generate(runner, make_batch([[1, 2], [1, 2]], 0, 320), 3, Sampling()).tokens
     assert ms.get_context("mode") == ms.PYNATIVE_MODE and tokens.shape == (2, 3)
+
+
+def _rehashed(mindir, folder, change):
+    """A copy of the export, changed by `change(folder)`, its manifest written again over the change:
+    the manifest says the files are intact, so only the reader rule stands between them and a run."""
+    from migrate.checkpoints.manifest import MANIFEST_FILE, write_manifest
+
+    shutil.copytree(mindir, folder)
+    change(folder)
+    (folder / MANIFEST_FILE).unlink()
+    write_manifest(folder)
+    return folder
+
+
+def test_mindir_graphs_of_another_export_are_one_line_after_a_rehashed_manifest(folders, capsys, tmp_path):
+    """decode.mindir replaced by a graph taking other shapes (here the export's own prefill graph) and the
+    manifest re-hashed: the graph's run against mindir.json's shapes is refused, not a MindSpore traceback."""
+    def swap(folder):
+        shutil.copy(folder / "prefill.mindir", folder / "decode.mindir")
+
+    swapped = _rehashed(folders / "mindir", tmp_path / "swapped", swap)
+    code, _, err = _run(capsys, "generate", "--mindir", swapped, "--ids", "1,2", "--max-new-tokens", "3")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "decode.mindir" in err and "mindir.json lists" in err, err
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda spec, tmp: spec["graphs"]["prefill"].update(file="../outside.mindir"),
+     "prefill graph names a file outside the MindIR export: ../outside.mindir"),
+    (lambda spec, tmp: spec["graphs"]["decode"].update(file=str(tmp / "outside.mindir")),
+     "decode graph names a file outside the MindIR export"),
+    (lambda spec, tmp: spec.update(vocab_size=64), "source config's vocab_size 320 is not vocab_size 64"),
+    (lambda spec, tmp: spec.update(batch="2"), "batch must be a whole number ≥ 1, found '2'"),
+    (lambda spec, tmp: spec["graphs"]["decode"]["outputs"][0].update(shape=[2, 64]), "outputs must be logits [2, 320]"),
+])
+def test_a_mindir_json_the_exporter_would_not_write_is_one_line(folders, capsys, tmp_path, change, message):
+    shutil.copy(folders / "mindir" / "prefill.mindir", tmp_path / "outside.mindir")
+
+    def edit(folder):
+        spec = json.loads((folder / "mindir.json").read_text())
+        change(spec, tmp_path)
+        (folder / "mindir.json").write_text(json.dumps(spec))
+
+    folder = _rehashed(folders / "mindir", tmp_path / "edited", edit)
+    code, _, err = _run(capsys, "generate", "--mindir", folder, "--ids", "1,2", "--max-new-tokens", "3")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_deeply_nested_mindir_json_is_one_line(folders, capsys, tmp_path):
+    folder = _rehashed(folders / "mindir", tmp_path / "deep",
+                       lambda f: (f / "mindir.json").write_text("[" * 100_000 + "]" * 100_000))
+    code, _, err = _run(capsys, "generate", "--mindir", folder, "--ids", "1,2")
+    assert code == 2 and "mindir.json: nested more than 100 levels deep" in err, err

@@ -386,7 +386,8 @@ def test_bad_index_is_refused(tmp_path):
 
     name = next(iter(good["weight_map"]))
     (tmp_path.parent / "outside.ckpt").write_bytes(b"")
-    refused({**good, "weight_map": {**good["weight_map"], name: "../outside.ckpt"}}, "outside its folder")
+    refused({**good, "weight_map": {**good["weight_map"], name: "../outside.ckpt"}},
+            "names a file outside the checkpoint folder")
     refused({**good, "weight_map": {**good["weight_map"], name: "model-00099-of-00099.ckpt"}}, "missing shard")
     files = list(good["weight_map"].values())
     shared = next(n for n, f in good["weight_map"].items() if files.count(f) > 1)  # its file stays named

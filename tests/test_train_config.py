@@ -146,7 +146,7 @@ def test_file_errors(tmp_path):
         RunConfig.load(tmp_path / "absent.yaml")
     with pytest.raises(MigrateError, match="is empty"):
         RunConfig.load(write(tmp_path, ""))
-    with pytest.raises(MigrateError, match="not valid YAML"):
+    with pytest.raises(MigrateError, match="invalid run config .*: while parsing"):
         RunConfig.load(write(tmp_path, "data: [unclosed\n"))
     with pytest.raises(MigrateError, match="must be a mapping"):
         RunConfig.load(write(tmp_path, "- a\n- b\n"))

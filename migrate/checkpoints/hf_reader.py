@@ -16,7 +16,6 @@ non-zip `.bin` files cannot be mapped and load whole.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from migrate.checkpoints.dtypes import SAFETENSORS_TO_NUMPY, torch_dtype_name, t
 from migrate.checkpoints.model_folder import ModelFolder
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -163,7 +163,7 @@ def _explicit_weights(root: Path) -> str | None:
     """config.json's `transformers_weights`. A config.json that cannot be read is
     the config reader's to refuse; here it names no file."""
     try:
-        config = json.loads((root / "config.json").read_text())
+        config = load_json(root / "config.json")
     except (OSError, ValueError):
         return None
     value = config.get("transformers_weights") if isinstance(config, dict) else None
@@ -173,7 +173,7 @@ def _explicit_weights(root: Path) -> str | None:
 def _read_index(model: ModelFolder, index_path: Path) -> dict[str, Path]:
     index_name = index_path.name
     try:
-        index = json.loads(index_path.read_text())
+        index = load_json(index_path)
         weight_map = index["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not a mapping")

@@ -13,12 +13,12 @@ A version-2 checkpoint without its manifest is refused: the manifest is part of 
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from migrate.checkpoints.manifest import MANIFEST_FILE, verify_manifest
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 STATE_FILE = "trainer_state.json"
 FORMAT = "migrate-train-checkpoint"
@@ -58,7 +58,7 @@ def verify_checkpoint(folder: str | Path) -> None:
 def _state_version(folder: Path) -> int | None:
     """The format version of a migrate trainer_state.json; None for another tool's file."""
     try:
-        state = json.loads((folder / STATE_FILE).read_text())
+        state = load_json(folder / STATE_FILE)
     except (OSError, ValueError):
         raise MigrateError(f"{folder} is damaged: unreadable {STATE_FILE} and no {MANIFEST_FILE} "
                            f"to check it against") from None

@@ -27,6 +27,7 @@ from pathlib import Path
 from migrate.checkpoints.atomic import atomic_write_text
 from migrate.checkpoints.output_guard import MARKER
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 MANIFEST_FILE = "manifest.json"
 # Not recorded: the manifest itself, and the marker atomic_output_dir adds after the
@@ -82,7 +83,7 @@ def write_manifest(folder: str | Path) -> dict:
 def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST_FILE
     try:
-        record = json.loads(path.read_text())
+        record = load_json(path)
     except (OSError, ValueError) as exc:
         raise MigrateError(f"{folder} is damaged: unreadable {MANIFEST_FILE} ({_short(exc)})") from None
     files = record.get("files") if isinstance(record, dict) else None

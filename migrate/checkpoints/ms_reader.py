@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import verify_checkpoint
 from migrate.checkpoints.ms_ckpt import iter_ckpt, read_ckpt_specs
 from migrate.checkpoints.safetensors_file import SafetensorsFile
@@ -57,7 +58,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if path.is_dir():
         for name in CHECKPOINT_NAMES:
             if (path / name).is_file():
-                return path / name
+                return InputFolder(path, "model folder").member(name, name)  # never a link out of it
         raise MigrateError(f"no {', '.join(CHECKPOINT_NAMES)} in {path}")
     if not path.is_file():
         raise MigrateError(f"checkpoint not found: {path}")

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 FORMAT_SUFFIX = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
 DEFAULT_MAX_SHARD = {"ckpt": "1.9GB", "safetensors": None}  # None: one file, however large
@@ -164,7 +166,7 @@ def read_index(index_path: str | Path) -> tuple[str, dict[str, Path]]:
     index_path = Path(index_path)
     fmt = next((f for f in FORMAT_SUFFIX if index_path.name.endswith(f"{FORMAT_SUFFIX[f]}.index.json")), None)
     try:
-        index = json.loads(index_path.read_text())
+        index = load_json(index_path)
         weight_map = index["weight_map"]
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise TypeError("weight_map is not a mapping of tensor names to file names")
@@ -176,11 +178,11 @@ def read_index(index_path: str | Path) -> tuple[str, dict[str, Path]]:
         raise MigrateError(f"corrupt index {index_path}: {exc}") from None
     if fmt not in FORMAT_SUFFIX:
         raise MigrateError(f"index {index_path} names no known checkpoint format")
-    root = index_path.parent.resolve()
+    folder = InputFolder(index_path.parent, "checkpoint folder")
     out = {}
     for name, shard in weight_map.items():
-        path = (root / shard).resolve()
-        if Path(shard).is_absolute() or path.parent != root:
+        path = folder.member(shard, f"index {index_path.name}", must_exist=False).resolve()  # the reader rule
+        if path.parent != folder.real:  # and stricter: shards lie beside their index
             raise MigrateError(f"index {index_path.name} names a file outside its folder: {shard}")
         if path.suffix != FORMAT_SUFFIX[fmt]:
             raise MigrateError(f"index {index_path.name} names {shard}, not a {FORMAT_SUFFIX[fmt]} file")

@@ -28,6 +28,7 @@ from typing import Any
 
 from migrate.dtype_names import spelled
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.judge import short
 
 FILE = "effective_hparams.json"
@@ -280,7 +281,7 @@ def compare_files(golden_file: Path, ms_file: Path) -> HparamsCheck:
 
 def _load(path: Path, side: str) -> dict:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = load_json(Path(path))
     except FileNotFoundError:
         raise MigrateError(f"{path}: no such file ({side} effective hyperparameters)") from None
     except (OSError, UnicodeDecodeError) as e:

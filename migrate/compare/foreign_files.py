@@ -10,7 +10,6 @@ the producer is told by its tags (`TB_DIALECTS`).
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from migrate.compare.foreign_text import MEGATRON, MINDFORMERS
 from migrate.compare.log_formats import FP32_HALF_ULP, LogFormat, log_format, printed_resolution
 from migrate.compare.metrics_log import Run
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 __all__ = ["HF_TRAINER", "TENSORBOARD", "TB_DIALECTS", "read_hf_trainer_state", "read_tensorboard", "tensorboard_files"]
 
@@ -56,11 +56,9 @@ HF_TRAINER = LogFormat(
 def read_hf_trainer_state(path: Path, role: str) -> Run:
     fmt = HF_TRAINER
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_float=_Literal)
-    except (OSError, UnicodeDecodeError) as e:
-        raise MigrateError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-    except json.JSONDecodeError as e:
-        raise MigrateError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        data = load_json(path, parse_float=_Literal)  # bounded: one line naming the file otherwise
+    except OSError as e:
+        raise MigrateError(f"{path}: cannot read ({e.strerror or e})") from None
     history = data.get("log_history") if isinstance(data, dict) else None
     if not isinstance(history, list):
         raise MigrateError(f"{path}: no 'log_history' list (not an HF Trainer trainer_state.json)")

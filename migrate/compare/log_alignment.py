@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from migrate.compare.metrics_log import Run
 from migrate.compare.readers import FORMATS
 from migrate.compare.tolerances import Tolerances
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.judge import fmt_figure
 
 __all__ = ["describe", "align_runs", "first_window", "mask_unlogged", "resolution_bounds", "torch_clip_golden",
@@ -243,7 +243,7 @@ def _max_norm(hparams) -> float | None:
     if hparams.ms_file is None:
         return None
     try:
-        data = json.loads(Path(hparams.ms_file).read_text(encoding="utf-8"))
+        data = load_json(Path(hparams.ms_file))
         value = data["clipping"]["max_grad_norm"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -15,7 +15,6 @@ a value of the wrong type and a step logged twice are `MigrateError`s naming
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 
 from migrate.compare.log_formats import LogFormat, log_format
 from migrate.errors import MigrateError
+from migrate.jsonsafe import parse_json
 from migrate.run_protocol.record import REQUIRED_KEYS  # the step record's contract, shared with both writers
 
 __all__ = ["METRICS", "REQUIRED_KEYS", "Run", "read_metrics"]
@@ -115,10 +115,7 @@ def read_metrics(path: Any, role: str = "metrics") -> Run:
         if not line.strip():
             continue
         where = f"{p}:{lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MigrateError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        rec = parse_json(line, where)  # bounded: one line naming the file and line otherwise
         if not isinstance(rec, dict):
             raise MigrateError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         for key in REQUIRED_KEYS:

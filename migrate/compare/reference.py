@@ -40,6 +40,7 @@ import numpy as np
 from migrate.compare.metrics_log import Run
 from migrate.compare.tolerances import Tolerances
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.judge import fmt_figure
 
 __all__ = ["REFERENCE_FIELDS", "DEPTH_UNIT", "SCALED", "FirstStepScale", "read_reference", "recorded_layers",
@@ -144,7 +145,7 @@ def recorded_layers(files: list[Path | None]) -> int | None:
         if path is None:
             continue
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = load_json(Path(path))
             layers = data["live_shared"]["linear_compute_dtypes"]["decoder_layers"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -209,7 +210,7 @@ def _why_no_reference(golden: Run, golden_hparams: Path | None) -> str:
     if golden.format != "metrics":
         return f"the golden log is {golden.format}"
     try:
-        asked = json.loads(Path(golden_hparams).read_text(encoding="utf-8"))["config"].get("reference")
+        asked = load_json(Path(golden_hparams))["config"].get("reference")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         asked = None
     if asked == "off":

@@ -16,13 +16,15 @@ onward.
 """
 from __future__ import annotations
 
-import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
+from migrate.safeyaml import clip, quote
 
 SAMPLES_FILE = "train.npy"
 MINDRECORD_FILE = "train.mindrecord"
@@ -30,19 +32,33 @@ META_FILE = "data.json"
 
 
 def read_meta(data_dir: str | Path) -> dict:
-    path = Path(data_dir) / META_FILE
-    if not path.is_file():
+    """data.json, read under the reader rule (bounded JSON inside the folder), with the two sizes
+    every reader of the rows relies on checked."""
+    folder = InputFolder(data_dir, "data folder")
+    if not (folder.path / META_FILE).is_file():
         raise MigrateError(f"no {META_FILE} in {data_dir}: not a folder written by `migrate data tokenize`")
-    return json.loads(path.read_text())
+    meta = folder.json(META_FILE, expect=dict)
+    for key in ("samples", "seq_length"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "seq_length" else 0):
+            raise MigrateError(f"{folder.path / META_FILE}: {key} must be a whole number, found {quote(value)}")
+    return meta
 
 
 def load_samples(data_dir: str | Path, seq_length: int | None = None) -> np.ndarray:
-    """The int32 [n, seq_length + 1] rows, memory-mapped (read-only)."""
+    """The int32 [n, seq_length + 1] rows, memory-mapped (read-only); a file whose header
+    promises more bytes than it holds, or rows that are not whole numbers, is refused in one line."""
     meta = read_meta(data_dir)
-    path = Path(data_dir) / SAMPLES_FILE
-    if not path.is_file():
+    folder = InputFolder(data_dir, "data folder")
+    if not os.path.lexists(folder.path / SAMPLES_FILE):
         raise MigrateError(f"no {SAMPLES_FILE} in {data_dir}")
-    rows = np.load(path, mmap_mode="r")
+    path = folder.member(SAMPLES_FILE, SAMPLES_FILE)
+    try:
+        rows = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise MigrateError(f"{path}: not a readable .npy of token rows ({_first_line(exc)})") from None
+    if not isinstance(rows, np.ndarray) or not np.issubdtype(rows.dtype, np.integer):
+        raise MigrateError(f"{path}: token rows must be whole numbers, found {getattr(rows, 'dtype', type(rows))}")
     if rows.ndim != 2 or rows.shape[0] != meta["samples"] or rows.shape[1] != meta["seq_length"] + 1:
         raise MigrateError(f"{path} has shape {rows.shape}, {META_FILE} promises "
                            f"({meta['samples']}, {meta['seq_length'] + 1})")
@@ -58,6 +74,11 @@ def check_seq_length(data_dir: str | Path, seq_length: int, meta: dict | None = 
     if seq_length != meta.get("seq_length"):
         raise MigrateError(f"run config seq_length is {seq_length} but {data_dir} was tokenized "
                            f"with seq_length {meta.get('seq_length')}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return clip(text[0]) if text else type(exc).__name__
 
 
 def sample_order(n: int, count: int, seed: int | None) -> np.ndarray:

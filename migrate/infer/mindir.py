@@ -28,6 +28,7 @@ import numpy as np
 from mindspore import nn
 
 from migrate.checkpoints.atomic import atomic_output_dir, atomic_write_text
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.manifest import sha256_files, verify_manifest, write_manifest
 from migrate.checkpoints.ms_reader import checkpoint_files
 from migrate.dtype_names import PRECISIONS, canonical_dtype
@@ -40,6 +41,7 @@ from migrate.models.loading import load_model
 from migrate.models.mode import execution_mode
 from migrate.models.registry import load_model_config
 from migrate.resources import need_memory
+from migrate.safeyaml import quote
 from migrate.sidecar import copy_sidecars
 
 FORMAT, VERSION = "migrate-mindir", 1
@@ -138,6 +140,11 @@ def _export(ms_dir: Path, out, batch: int, prefill_len: int, cache_len: int, com
     return record
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0][:200] if lines else type(exc).__name__
+
+
 def _usual_mode(path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
@@ -145,24 +152,85 @@ def _usual_mode(path: Path) -> None:
 
 
 def read_spec(folder) -> dict:
-    """mindir.json of an export folder, its files checked against the manifest (one line, exit 2, otherwise)."""
+    """mindir.json of an export folder, read under the reader rule (`checkpoints.input_folder`): bounded
+    JSON, every field of the type and the shapes the exporter writes, the graph files inside the folder;
+    then its files checked against the manifest (one line, exit 2, otherwise)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise MigrateError(f"MindIR folder not found: {folder}")
     path = folder / SPEC_FILE
     if not path.is_file():
         raise MigrateError(f"{folder} is not a MindIR export of migrate (no {SPEC_FILE})")
-    try:
-        spec = json.loads(path.read_text())
-    except ValueError as exc:
-        raise MigrateError(f"{path} is not JSON: {exc}") from None
+    files = InputFolder(folder, "MindIR export")
+    spec = files.json(SPEC_FILE, expect=dict)
     needed = ("batch", "prefill_len", "cache_len", "vocab_size", "stop_ids", "pad_id", "graphs", "source")
-    if not isinstance(spec, dict) or spec.get("format") != FORMAT or any(k not in spec for k in needed):
+    if spec.get("format") != FORMAT or any(k not in spec for k in needed):
         raise MigrateError(f"{path} is not a {FORMAT} description")
     if spec.get("version") != VERSION:
-        raise MigrateError(f"{path} is version {spec.get('version')!r}; this migrate reads version {VERSION}")
+        raise MigrateError(f"{path} is version {quote(spec.get('version'))}; this migrate reads version {VERSION}")
+    problem = _spec_problem(spec)
+    if problem:
+        raise MigrateError(f"{path}: {problem}")
     verify_manifest(folder)  # a missing, changed or extra file is named here
+    for graph in GRAPHS:  # the manifest lists what is there; the rule, where the spec may point
+        files.member(spec["graphs"][graph]["file"], f"{SPEC_FILE}'s {graph} graph")
     return spec
+
+
+def _spec_problem(spec: dict) -> str | None:
+    """What in mindir.json the exporter would not have written: the sizes, the ids, and each graph's
+    inputs and outputs against the static shapes the record states."""
+    for key in ("batch", "prefill_len", "cache_len", "vocab_size"):
+        if not _whole(spec[key]) or spec[key] < 1:
+            return f"{key} must be a whole number ≥ 1, found {quote(spec[key])}"
+    if spec["prefill_len"] >= spec["cache_len"]:
+        return f"prefill_len {spec['prefill_len']} must be shorter than cache_len {spec['cache_len']}"
+    if spec.get("max_positions") is not None and not _whole(spec["max_positions"]):
+        return f"max_positions must be a whole number, found {quote(spec['max_positions'])}"
+    vocab = spec["vocab_size"]
+    ids = spec["stop_ids"]
+    if not isinstance(ids, list) or not all(_whole(i) and 0 <= i < vocab for i in ids):
+        return f"stop_ids must list token ids below vocab_size {vocab}, found {quote(ids)}"
+    if spec["pad_id"] is not None and not (_whole(spec["pad_id"]) and 0 <= spec["pad_id"] < vocab):
+        return f"pad_id must be a token id below vocab_size {vocab}, found {quote(spec['pad_id'])}"
+    source = spec["source"]
+    if not isinstance(source, dict) or not isinstance(source.get("config"), dict):
+        return "source must hold the exported model's config"
+    if source["config"].get("vocab_size") != vocab:
+        return f"source config's vocab_size {quote(source['config'].get('vocab_size'))} is not vocab_size {vocab}"
+    graphs = spec["graphs"]
+    if not isinstance(graphs, dict) or any(not isinstance(graphs.get(g), dict) for g in GRAPHS):
+        return f"graphs must describe {' and '.join(GRAPHS)}"
+    batch, cache = spec["batch"], spec["cache_len"]
+    for graph, length in (("prefill", spec["prefill_len"]), ("decode", 1)):
+        entry = graphs[graph]
+        inputs, outputs = entry.get("inputs"), entry.get("outputs")
+        if not isinstance(entry.get("file"), str) or not _tensor_list(inputs) or not _tensor_list(outputs):
+            return f"graphs.{graph} must name its file and list its inputs and outputs (name, dtype, shape)"
+        head = [(i["name"], i["dtype"], i["shape"]) for i in inputs[:4]]
+        want = [("input_ids", "int32", [batch, length]), ("positions", "int32", [batch, length]),
+                ("start", "int32", []), ("key_mask", "int32", [batch, cache])]
+        caches = inputs[4:]
+        if head != want or not caches or len(caches) % 2:
+            return f"graphs.{graph} inputs are not those of a batch {batch}, length {length}, cache {cache} step"
+        if any(c["shape"] != caches[0]["shape"] or c["dtype"] != caches[0]["dtype"] for c in caches):
+            return f"graphs.{graph} cache inputs differ in shape or dtype"
+        if ([(o["name"], o["shape"]) for o in outputs[:1]] != [("logits", [batch, vocab])]
+                or outputs[1:] != caches):
+            return f"graphs.{graph} outputs must be logits [{batch}, {vocab}] and the caches it takes"
+    if graphs["prefill"]["inputs"][4:] != graphs["decode"]["inputs"][4:]:
+        return "the prefill and decode graphs take different caches"
+    return None
+
+
+def _tensor_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("dtype"), str)
+        and isinstance(t.get("shape"), list) and all(_whole(n) and n >= 0 for n in t["shape"]) for t in value)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_same_model(spec: dict, ms_dir, folder) -> None:
@@ -200,9 +268,21 @@ class MindIRRunner:
         self._key_mask = None
 
     def _run(self, graph, ids, positions, start, caches) -> np.ndarray:
-        with execution_mode("graph"):
-            logits, *caches = self.cells[graph](ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(start, ms.int32),
-                                                self._key_mask, *caches)
+        """One graph call, its outputs checked against mindir.json: a graph file from another export (the
+        manifest re-hashed over it) fails here in one line, not deep in MindSpore or later in sampling."""
+        file = self.folder / self.spec["graphs"][graph]["file"]
+        try:
+            with execution_mode("graph"):
+                logits, *caches = self.cells[graph](ms.Tensor(ids), ms.Tensor(positions),
+                                                    ms.Tensor(start, ms.int32), self._key_mask, *caches)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise MigrateError(f"{file} does not run on the inputs {SPEC_FILE} lists (exported from another "
+                               f"model?): {_first_line(exc)}") from None
+        outputs = self.spec["graphs"][graph]["outputs"]
+        got = [list(logits.shape), *(list(c.shape) for c in caches)]
+        if got != [o["shape"] for o in outputs]:
+            raise MigrateError(f"{file} returns shapes {quote(got)}, {SPEC_FILE} lists "
+                               f"{quote([o['shape'] for o in outputs])} (exported from another model?)")
         self.caches = tuple(caches)
         return logits.asnumpy()
 

@@ -1,10 +1,10 @@
 """The ids generation stops at and pads with, read as HF `generate` reads them."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 
 
 def stop_and_pad(ms_dir: Path, config) -> tuple[list[int], int | None]:
@@ -13,10 +13,7 @@ def stop_and_pad(ms_dir: Path, config) -> tuple[list[int], int | None]:
     fields = {}
     path = Path(ms_dir) / "generation_config.json"
     if path.is_file():
-        try:
-            fields = json.loads(path.read_text())
-        except ValueError as exc:
-            raise MigrateError(f"{path} is not JSON: {exc}") from None
+        fields = load_json(path)  # bounded: one line naming the file otherwise
         fields = fields if isinstance(fields, dict) else {}
     eos = fields.get("eos_token_id", getattr(config, "eos_token_id", None))
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

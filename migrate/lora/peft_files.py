@@ -15,13 +15,16 @@ does not have, A or B stored as integers) refused in one line.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.lora.spec import ALL_LINEAR, LoraSpec
 from migrate.lora.targets import PEFT_PREFIX
 
@@ -133,12 +136,8 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     where = folder / CONFIG_FILE
     if not where.is_file():
         raise MigrateError(f"{folder} is not a PEFT adapter folder: no {CONFIG_FILE}")
-    try:
-        config = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MigrateError(f"{where}: unreadable ({exc})") from None
-    if not isinstance(config, dict):
-        raise MigrateError(f"{where}: expected a JSON object")
+    members = InputFolder(folder, "adapter folder")  # the reader rule: files inside, JSON bounded
+    config = load_json(members.member(CONFIG_FILE, CONFIG_FILE), expect=dict)
     if config.get("peft_type") != "LORA":
         raise MigrateError(f"{where}: peft_type {config.get('peft_type')!r} is not LORA")
     _refuse_features(config, where)
@@ -147,10 +146,11 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     dropout = _field(config, "lora_dropout", (int, float), where, 0.0)
     rslora = _field(config, "use_rslora", (bool,), where, False)
     weights_file = folder / WEIGHTS_FILE
-    if not weights_file.is_file():
+    if not os.path.lexists(weights_file):
         found = "adapter_model.bin (pickle) is not read; save it with safe_serialization" \
             if (folder / "adapter_model.bin").is_file() else "it is missing"
         raise MigrateError(f"{folder}: no {WEIGHTS_FILE} ({found})")
+    weights_file = members.member(WEIGHTS_FILE, WEIGHTS_FILE)
     with SafetensorsFile(weights_file) as handle:
         for name, entry in handle.entries.items():  # an int8 (quantized) A or B is not the LoRA's float update
             if entry.dtype not in FLOAT_TENSORS:

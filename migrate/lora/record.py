@@ -11,10 +11,11 @@ The base weights are not in the folder: they are the converted model `base.ms_mo
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.lora.spec import LoraSpec
 from migrate.lora.targets import Site
 
@@ -31,11 +32,8 @@ def adapter_record(spec: LoraSpec, sites: list[Site], keymap: str, ms_model, bas
 
 
 def read_record(folder: Path) -> dict:
-    path = Path(folder) / LORA_FILE
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MigrateError(f"unreadable {path}: {exc}") from None
+    path = InputFolder(folder, "adapter folder").member(LORA_FILE, LORA_FILE)
+    record = load_json(path)  # bounded: one line naming the file otherwise
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("targets"), list):
         raise MigrateError(f"{path} is not a migrate LoRA adapter record")
     return record

@@ -16,6 +16,7 @@ base must match it. Anything else is one MigrateError line and nothing written.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +25,13 @@ import numpy as np
 
 from migrate import __version__
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import verify_checkpoint
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.keymap import recorded_keymap, resolve
 from migrate.lora.peft_files import is_peft_adapter, read_peft_adapter, write_peft_adapter
 from migrate.lora.record import ADAPTER_FILE, LORA_FILE, adapter_record, read_record, spec_of
@@ -69,9 +72,9 @@ def open_ms_adapter(path: str | Path) -> Adapter:
     verify_checkpoint(folder)  # a training checkpoint's manifest; a plain adapter folder passes
     record = read_record(folder)
     spec = spec_of(record, folder)
-    tensors = dict(iter_ckpt(folder / ADAPTER_FILE)) if (folder / ADAPTER_FILE).is_file() else None
-    if tensors is None:
+    if not os.path.lexists(folder / ADAPTER_FILE):
         raise MigrateError(f"{folder} has no {ADAPTER_FILE}")
+    tensors = dict(iter_ckpt(InputFolder(folder, "adapter folder").member(ADAPTER_FILE, ADAPTER_FILE)))
     weights = {}
     for target in record["targets"]:
         try:
@@ -253,7 +256,7 @@ def merge_adapter(adapter_path: str | Path, out: str | Path, ms_model=None, over
 def _conversion_record(base: Path) -> dict:
     """The base's conversion.json fields that say how to read it back (keymap, target), else the keymap name."""
     try:
-        record = json.loads((base / "conversion.json").read_text())
+        record = load_json(base / "conversion.json")
         return {k: record[k] for k in ("tool", "keymap", "target") if k in record}
     except (OSError, ValueError):
         return {"keymap": {"name": recorded_keymap(base)}}

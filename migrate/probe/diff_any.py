@@ -25,7 +25,7 @@ from migrate.judge.thresholds import Thresholds, fallback_factor
 from migrate.probe.dump_format import Dump
 from migrate.probe.dumping import hooks, versions
 from migrate.probe.inputs import Inputs, seeded_inputs
-from migrate.probe.inputs_file import inputs_sha256, read_inputs
+from migrate.probe.inputs_file import check_vocab, inputs_sha256, read_inputs
 from migrate.probe.pairing import load_mapping, pair
 from migrate.probe.recording import MemoryRecording
 from migrate.probe.sides import call_model, open_side, side_kind
@@ -57,8 +57,8 @@ class _Opened:
     def inputs(self) -> Inputs | None:
         if not self.dump:
             return None
-        path = self.dump.folder / "inputs.npz"
-        if not path.is_file():
+        path = self.dump.inputs_path()
+        if path is None:
             raise MigrateError(f"{self.spec}: the dump holds no inputs.npz (recorded without inputs): it cannot be "
                                "paired with another run")
         return read_inputs(path)
@@ -92,6 +92,8 @@ def diff_pair(ref: str, got: str, *, dtype: str = "fp32", seed: int = 0, batch: 
             s.side = open_side(s.spec, dtype, seed, keymap, trust)
             s.align, s.label, s.dtype = s.side.align, s.side.label, dtype
             s.versions = versions(s.side.framework)
+            if inputs is not None:  # from a dump or --inputs FILE: within this model's vocabulary
+                check_vocab(inputs, s.side.vocab_size, inputs_file or "the dump's inputs.npz")
     if inputs is None:
         vocab = [s.side.vocab_size for s in sides if s.side and s.side.vocab_size]
         if not vocab:

@@ -22,15 +22,21 @@ exact in it); `dtype` in modules.json keeps the computed dtype.
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import numpy as np
 
 from migrate import __version__
+from migrate.checkpoints.input_folder import InputFolder
+from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.probe.inputs_file import read_inputs
 from migrate.probe.recording import valid_rows
-from migrate.probe.stats import tensor_stats
+from migrate.probe.stats import SKETCH, tensor_stats
+from migrate.safeyaml import quote
 
 FORMAT = "migrate-dump"
 FORMAT_VERSION = 1
@@ -43,8 +49,8 @@ def is_dump(path: str | Path) -> bool:
     if not manifest.is_file():
         return False
     try:
-        return json.loads(manifest.read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
+        return load_json(manifest, expect=dict).get("format") == FORMAT
+    except (OSError, ValueError):  # ValueError: jsonsafe.JSONError, a file that is no dump's manifest
         return False
 
 
@@ -103,40 +109,68 @@ class DumpWriter:
 
 
 class Dump:
-    """A dump folder read back: the manifest, the records in order, tensors on demand."""
+    """A dump folder read back: the manifest, the records in order, tensors on demand.
+
+    Read under the reader rule (`checkpoints.input_folder`): every file a record names lies inside
+    the folder and is one the manifest lists; the records are checked field by field, their count
+    against the manifest's; a tensors file's header is validated (`SafetensorsFile`) and each
+    tensor read must be stored under its key with the record's shape, in float32."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         if not (self.folder / MANIFEST).is_file():
             raise MigrateError(f"{self.folder} is not a dump folder (no {MANIFEST})")
-        try:
-            self.manifest = json.loads((self.folder / MANIFEST).read_text())
-            self.records = json.loads((self.folder / MODULES).read_text())
-        except (OSError, ValueError) as exc:
-            raise MigrateError(f"{self.folder}: unreadable dump ({exc})") from None
+        self._files = InputFolder(self.folder, "dump")
+        self.manifest = self._files.json(MANIFEST, expect=dict)
         if self.manifest.get("format") != FORMAT:
             raise MigrateError(f"{self.folder}/{MANIFEST} is not a migrate dump "
-                               f"(format {self.manifest.get('format')!r})")
+                               f"(format {quote(self.manifest.get('format'))})")
         if self.manifest.get("format_version") != FORMAT_VERSION:
-            raise MigrateError(f"{self.folder}: dump format version {self.manifest.get('format_version')!r} is not "
-                               f"supported (this migrate reads {FORMAT_VERSION})")
+            raise MigrateError(f"{self.folder}: dump format version {quote(self.manifest.get('format_version'))} "
+                               f"is not supported (this migrate reads {FORMAT_VERSION})")
+        _check_manifest(self.manifest, self.folder / MANIFEST)
         self.statistics = self.manifest.get("mode") == "statistics"
-        self._by_key = {r["key"]: r for r in self.records}
-        self._open: dict[str, object] = {}
+        self.records = self._files.json(MODULES, f"{MANIFEST}'s files", expect=list)
+        self._by_key = _check_records(self.records, self.folder / MODULES, self.statistics,
+                                      set(self.manifest["files"]))
+        if self.manifest.get("records") != len(self.records):
+            raise MigrateError(f"{self.folder}: {MODULES} holds {len(self.records)} records, {MANIFEST} says "
+                               f"{quote(self.manifest.get('records'))}")
+        self._open: dict[str, SafetensorsFile] = {}
+        if not self.statistics:
+            self._check_tensors()
+
+    def _check_tensors(self) -> None:
+        """Every tensors file present and inside the dump, its header valid, and every record stored
+        under its key with its shape in float32: checked on the headers before any tensor is read."""
+        for file in dict.fromkeys(r["file"] for r in self.records):
+            self._open[file] = SafetensorsFile(self._files.member(file, MODULES))
+        for record in self.records:
+            file, key, shape = record["file"], record["key"], tuple(record["shape"])
+            entry = self._open[file].entries.get(key)
+            if entry is None:
+                raise MigrateError(f"{self.folder}: {file} holds no tensor {quote(key)} (named by {MODULES})")
+            # safetensors stores a 0-d tensor (a loss) as (1,): the record's shape is the tensor's.
+            if entry.dtype != "F32" or (entry.shape != shape and not (shape == () and entry.shape == (1,))):
+                raise MigrateError(f"{self.folder}: {file} holds {quote(key)} as {entry.dtype} {list(entry.shape)}, "
+                                   f"{MODULES} records float32 {list(shape)}")
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
 
     def array(self, key: str) -> np.ndarray | None:
         if self.statistics:
             return None
-        from safetensors import safe_open
+        record = self._by_key[key]
+        return self._open[record["file"]].read(key).reshape(record["shape"])  # headers checked on opening
 
-        file = self._by_key[key]["file"]
-        if file not in self._open:
-            path = self.folder / file
-            if not path.is_file():
-                raise MigrateError(f"{self.folder}: {file} missing (named by {MODULES})")
-            self._open[file] = safe_open(str(path), framework="numpy")
-        # safe_open hands a 0-d tensor (a loss) back as (1,): the record's shape is the tensor's.
-        return self._open[file].get_tensor(key).reshape(self._by_key[key]["shape"])
+    def inputs_path(self) -> Path | None:
+        """inputs.npz, checked to lie inside the dump; None when the dump was recorded without inputs."""
+        if not os.path.lexists(self.folder / INPUTS):
+            return None
+        return self._files.member(INPUTS, INPUTS)
 
     def noise(self, key: str) -> dict | None:
         """The recorded tensor's own error against the side's float64 twin, when the dump measured it."""
@@ -150,5 +184,109 @@ class Dump:
         inputs = self.manifest.get("inputs") or {}
         valid = None
         if inputs.get("padded"):
-            valid = read_inputs(self.folder / INPUTS).valid
+            path = self.inputs_path()
+            if path is None:
+                raise MigrateError(f"{self.folder}: {MANIFEST} says the inputs were padded, but there is no {INPUTS}")
+            valid = read_inputs(path).valid
         return tensor_stats(valid_rows(self.array(key), valid))
+
+
+# ---------- what a dump's files must hold (the reader rule's "what the manifest says") ----------
+_IO = ("output", "input", "param", "grad")
+_NUMBER = (int, float)
+
+
+def _check_manifest(manifest: dict, where: Path) -> None:
+    """The manifest fields `migrate diff` uses, of the types the writer gives them."""
+    fields = {"mode": (str,), "files": (list,), "dtype": (str, type(None)), "framework": (str,),
+              "side": (dict,), "align": (dict, type(None)), "reference": (dict, type(None)),
+              "versions": (dict,), "inputs": (dict, type(None))}
+    for name, kinds in fields.items():
+        if name in manifest and not isinstance(manifest[name], kinds):
+            raise MigrateError(f"{where}: {name} is {quote(manifest[name])}, not what migrate dump writes")
+    if manifest.get("mode") not in ("tensors", "statistics"):
+        raise MigrateError(f"{where}: mode {quote(manifest.get('mode'))} is neither 'tensors' nor 'statistics'")
+    if not isinstance(manifest.get("files"), list) or not all(isinstance(f, str) for f in manifest["files"]):
+        raise MigrateError(f"{where}: files must list the dump's file names")
+    if MODULES not in manifest["files"]:
+        raise MigrateError(f"{where}: files does not list {MODULES}")
+    if not all(isinstance(manifest.get("side", {}).get(k, ""), str) for k in ("kind", "source", "label")):
+        raise MigrateError(f"{where}: side must name its kind, source and label as text")
+    align = manifest.get("align") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in align.items()):
+        raise MigrateError(f"{where}: align must map block names to module names")
+    inputs = manifest.get("inputs") or {}
+    if not isinstance(inputs.get("padded", False), bool):
+        raise MigrateError(f"{where}: inputs.padded must be true or false")
+
+
+def _check_records(records: list, where: Path, statistics: bool, files: set[str]) -> dict[str, dict]:
+    """Key -> record, each record checked: the fields pairing and judging read, of their types."""
+    by_key: dict[str, dict] = {}
+    for i, record in enumerate(records):
+        problem = _record_problem(record, statistics, files)
+        if problem:
+            raise MigrateError(f"{where}: record {i}: {problem}")
+        if record["key"] in by_key:
+            raise MigrateError(f"{where}: record {i}: key {quote(record['key'])} appears twice")
+        by_key[record["key"]] = record
+    return by_key
+
+
+def _record_problem(r, statistics: bool, files: set[str]) -> str | None:
+    if not isinstance(r, dict):
+        return f"{quote(r)} is not an object"
+    for name in ("key", "module", "index", "dtype"):
+        if not isinstance(r.get(name), str):
+            return f"{name} must be text, found {quote(r.get(name))}"
+    if r.get("io") not in _IO:
+        return f"io must be one of {', '.join(_IO)}, found {quote(r.get('io'))}"
+    for name in ("call", "order"):
+        if not _count(r.get(name)):
+            return f"{name} must be a whole number ≥ 0, found {quote(r.get(name))}"
+    shape = r.get("shape")
+    if not isinstance(shape, list) or not all(_count(n) for n in shape):
+        return f"shape must list whole numbers ≥ 0, found {quote(shape)}"
+    noise = r.get("noise")
+    if noise is not None and (not isinstance(noise, dict)
+                              or not all(v is None or isinstance(v, (*_NUMBER, str)) for v in noise.values())):
+        return f"noise must map names to numbers, found {quote(noise)}"
+    if statistics:
+        return _stats_problem(r.get("stats"), shape)
+    file = r.get("file")
+    if not isinstance(file, str):
+        return f"file must name the tensors file holding it, found {quote(file)}"
+    if file not in files:
+        return f"file {quote(file)} is not one of the files {MANIFEST} lists"
+    return None
+
+
+def _stats_problem(stats, shape: list) -> str | None:
+    if not isinstance(stats, dict):
+        return f"stats must be an object, found {quote(stats)}"
+    # Over the valid rows only where the inputs were padded: never more elements than the record's shape.
+    seen = stats.get("shape")
+    if (not isinstance(seen, list) or not all(_count(n) for n in seen) or stats.get("numel") != math.prod(seen)
+            or math.prod(seen) > math.prod(shape)):
+        return f"stats describe shape {quote(seen)} of {quote(stats.get('numel'))} elements, " \
+               f"the record's shape is {shape}"
+    for name in ("min", "max", "mean", "l2"):
+        if not _real(stats.get(name)):
+            return f"stats.{name} must be a number, found {quote(stats.get(name))}"
+    for name in ("nan", "inf"):
+        if not _count(stats.get(name)):
+            return f"stats.{name} must be a whole number ≥ 0, found {quote(stats.get(name))}"
+    sketch = stats.get("sketch")
+    if not isinstance(sketch, list) or len(sketch) != SKETCH or not all(_real(v) for v in sketch):
+        return f"stats.sketch must list {SKETCH} numbers"
+    if not isinstance(stats.get("checksum"), str):
+        return "stats.checksum must be text"
+    return None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _real(value) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool)

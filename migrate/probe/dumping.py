@@ -17,7 +17,7 @@ from migrate.errors import MigrateError
 from migrate.probe.dump_format import INPUTS, DumpWriter
 from migrate.probe.hooks import framework_of, hooks
 from migrate.probe.inputs import Inputs, seeded_inputs
-from migrate.probe.inputs_file import inputs_bytes, inputs_sha256, read_inputs
+from migrate.probe.inputs_file import check_vocab, inputs_bytes, inputs_sha256, read_inputs
 from migrate.probe.sides import Side, call_model, open_side, side_kind
 from migrate.probe.twin import twin_recording
 
@@ -105,9 +105,7 @@ def side_inputs(side: Side, inputs_file: str | Path | None, *, batch: int, seq_l
     """(inputs, written): read `inputs_file` when it exists, else seeded ids, written to it."""
     if inputs_file is not None and Path(inputs_file).is_file():
         inputs = read_inputs(inputs_file)
-        if side.vocab_size is not None and int(inputs.ids.max()) >= side.vocab_size:
-            raise MigrateError(f"{inputs_file}: token ids reach {int(inputs.ids.max())}, past the model's "
-                               f"vocabulary ({side.vocab_size})")
+        check_vocab(inputs, side.vocab_size, inputs_file)
         return inputs, False
     if side.vocab_size is None:
         raise MigrateError(f"{side.source}: vocabulary size unknown (the model has no config.vocab_size); "

@@ -23,7 +23,7 @@ from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
 from migrate.keymap import resolve
-from migrate.probe.dump_format import is_dump
+from migrate.probe.dump_format import MANIFEST, Dump, is_dump
 from migrate.safeyaml import clip
 
 _COLLISION = "is already used by a Transformers"
@@ -52,6 +52,8 @@ def side_kind(spec: str) -> str:
             return "converted"
         if (path / "config.json").is_file():
             return "hf"
+        if (path / MANIFEST).is_file():
+            Dump(path)  # a dump whose manifest cannot be read: the reader says why, in one line
         raise MigrateError(f"{spec}: neither an HF folder (config.json), a converted folder (model.yaml) "
                            "nor a dump (manifest.json)")
     if ":" in spec and not path.exists():

@@ -25,6 +25,10 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from migrate.errors import MigrateError
+from migrate.jsonsafe import parse_json
+from migrate.safeyaml import quote
+
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 
@@ -122,6 +126,15 @@ def parse_lines(lines: Iterable[str]) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def step_of(line: str, where: str) -> int:
+    """The step of one .jsonl line, read as bounded JSON (a run folder is input too: one line otherwise)."""
+    record = parse_json(line, where, expect=dict)
+    step = record.get(STEP, 0)
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise MigrateError(f"{where}: step must be a whole number, found {quote(step)}")
+    return step
+
+
 def eval_record(step: int, mean_loss: float, samples: int) -> dict:
     return {STEP: step, EVAL_LOSS: finite(mean_loss), EVAL_SAMPLES: samples}
 
@@ -139,6 +152,6 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     if last_step == 0:
         path.unlink()
         return
-    keep = [line for line in path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line).get(STEP, 0) <= last_step]
+    keep = [line for n, line in enumerate(path.read_text().splitlines(keepends=True), 1)
+            if line.strip() and step_of(line, f"{path}:{n}") <= last_step]
     path.write_text("".join(keep))

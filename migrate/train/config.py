@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from migrate.dtype_names import SPELLINGS
 from migrate.errors import MigrateError
 from migrate.lora.spec import LoraSpec
+from migrate.safeyaml import load_yaml
 from migrate.train.decay import NO_DECAY_RULES
 
 # Our schedule names, plus the HF names that mean the same thing.
@@ -223,10 +222,7 @@ class RunConfig:
         path = Path(path)
         if not path.is_file():
             raise MigrateError(f"no run config at {path}")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise MigrateError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        data = load_yaml(path, "run config")  # bounded in size, depth and aliases; one line otherwise
         return cls.from_dict(data, base=path.resolve().parent, source=path)
 
     @classmethod

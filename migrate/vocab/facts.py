@@ -9,7 +9,6 @@ head (BertModel) has its embedding found by the usual names.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from migrate.checkpoints.hf_reader import open_hf_checkpoint
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
+from migrate.jsonsafe import load_json
 from migrate.keymap import Keymap, recorded_keymap, resolve
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.safeyaml import load_yaml
@@ -85,10 +85,7 @@ def _generation(folder: Path) -> dict[str, Any] | None:
     path = folder / "generation_config.json"
     if not path.is_file():
         return None
-    try:
-        fields = json.loads(path.read_text())
-    except ValueError as exc:
-        raise MigrateError(f"{path} is not JSON: {exc}") from None
+    fields = load_json(path)  # bounded: one line naming the file otherwise
     return _special_fields(fields) if isinstance(fields, dict) else {}
 
 

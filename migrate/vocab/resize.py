@@ -30,6 +30,7 @@ from migrate.checkpoints.output_guard import check_apart, check_output
 from migrate.checkpoints.sharding import DEFAULT_MAX_SHARD, ShardedWriter, parse_size, plan_shards
 from migrate.errors import MigrateError
 from migrate.hf_config import read_raw_config
+from migrate.jsonsafe import load_json
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.registry import load_model_config
 from migrate.resources import need_memory
@@ -213,10 +214,7 @@ def _put(writer, name: str, array: np.ndarray) -> None:
 
 def _conversion(ms_dir: Path, files: list[str], shapes: dict, record: dict) -> dict:
     path = ms_dir / "conversion.json"
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except ValueError as exc:
-        raise MigrateError(f"{path} is not JSON: {exc}") from None
+    data = load_json(path) if path.is_file() else {}  # bounded: one line naming the file otherwise
     data = data if isinstance(data, dict) else {}
     for entry in data.get("tensors") or []:
         if isinstance(entry, dict) and entry.get("target") in shapes:

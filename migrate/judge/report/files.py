@@ -7,6 +7,7 @@ from pathlib import Path
 
 from migrate.checkpoints.atomic import atomic_write_text
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.judge.jsonfile import write_json
 from migrate.judge.plot import write_png
 from migrate.judge.report.html import render_html
@@ -47,7 +48,7 @@ def read_report(path: str | Path) -> Report:
     if p.is_dir():
         p = p / "report.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = load_json(p)
     except FileNotFoundError:
         raise MigrateError(f"no report at {p}") from None
     except json.JSONDecodeError as exc:

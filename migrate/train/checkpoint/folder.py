@@ -44,9 +44,11 @@ import mindspore as ms
 import numpy as np
 
 from migrate.checkpoints.atomic import atomic_output_dir
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import FORMAT, STATE_FILE, VERSION, verify_checkpoint
 from migrate.checkpoints.manifest import write_manifest
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.sidecar import copy_sidecars
 from migrate.train.checkpoint.files import (
     ADAPTER_FILE,
@@ -254,9 +256,11 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise MigrateError(f"{folder / STATE_FILE} is not a migrate training checkpoint")
     sharded = is_sharded(read_layout(folder))
     weights = ADAPTER_FILE if (folder / LORA_FILE).is_file() else MODEL_FILE
+    members = InputFolder(folder, "checkpoint")
     for name in (weights, METRICS_FILE, RNG_FILE) + (() if sharded else (OPTIMIZER_FILE,)):
         if not (folder / name).is_file():
             raise MigrateError(f"checkpoint {folder} has no {name}")
+        members.member(name, name)  # inside the checkpoint (an old one has no manifest refusing links)
     state["rng"] = _read_json(folder, RNG_FILE)
     try:
         metrics_text = (folder / METRICS_FILE).read_text()
@@ -267,8 +271,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 def _read_json(folder: Path, name: str):
     try:
-        return json.loads((folder / name).read_text())
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        return load_json(folder / name)
+    except (OSError, ValueError) as exc:  # ValueError: jsonsafe.JSONError (not JSON, not UTF-8, too deep)
         raise MigrateError(f"unreadable {name} in {folder}: {exc}") from None
 
 
@@ -289,7 +293,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, overwrite: bool = False) 
         if is_sharded(record):
             state = merged_optimizer_state(checkpoint.path, record)
             save_tensors_atomically(state, tmp / OPTIMIZER_FILE)
-        state = json.loads((checkpoint.path / STATE_FILE).read_text())
+        state = load_json(checkpoint.path / STATE_FILE)
         state["merged_from"] = {"path": str(checkpoint.path), "layout": layout_without_files(record)}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         write_manifest(tmp)  # last: the merged folder is a checkpoint of its own (its source was verified)

@@ -27,12 +27,12 @@ and the folder itself is assembled by rank 0 under a hidden name and renamed
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json
 from migrate.train.checkpoint.files import load_ckpt_file, save_tensors_atomically
 
 LAYOUT_FILE = "parallel_layout.json"
@@ -106,13 +106,27 @@ def read_layout(folder: Path) -> dict | None:
     path = Path(folder) / LAYOUT_FILE
     if not path.is_file():
         return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise MigrateError(f"unreadable {path}: {exc}") from None
+    record = load_json(path, expect=dict)  # bounded; one line naming the file otherwise
     if record.get("format") != LAYOUT_FORMAT:
         raise MigrateError(f"{path} is not a migrate parallel layout file")
+    slices = record.get("optimizer_slices") or {}
+    if not isinstance(slices, dict) or not all(_slice_ok(entry) for entry in slices.values()):
+        raise MigrateError(f"{path}: optimizer_slices must give each state's shape and the rows each rank holds")
     return record
+
+
+def _slice_ok(entry) -> bool:
+    """{"shape": [rows, ...], "rows": {"RANK": [start, stop], ...}} with whole numbers in order."""
+    def whole(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+        return False
+    if not isinstance(entry.get("rows"), dict):
+        return False
+    return (all(whole(n) for n in entry["shape"]) and all(
+        isinstance(rank, str) and rank.isdigit() and isinstance(span, list) and len(span) == 2
+        and all(whole(v) for v in span) and span[0] <= span[1] for rank, span in entry["rows"].items()))
 
 
 def is_sharded(record: dict | None) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 from migrate.checkpoints.atomic import atomic_write_text
 from migrate.data.samples import load_samples, read_meta
 from migrate.errors import MigrateError
+from migrate.run_protocol.record import step_of
 from migrate.train.health.watch import EXIT_CODE, HealthWatch, StepFacts, StepVerdict
 
 FILE = "health.jsonl"
@@ -161,8 +162,8 @@ def _truncate(path: Path, last_step: int) -> None:
     """Keep the entries of steps <= last_step: a resumed run rewrites what follows (a fresh run: all)."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    keep = [line for n, line in enumerate(path.read_text().splitlines(keepends=True), 1)
+            if line.strip() and step_of(line, f"{path}:{n}") <= last_step]
     path.write_text("".join(keep))
 
 

@@ -13,11 +13,12 @@ is ignored.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.errors import MigrateError
+from migrate.jsonsafe import JSONError, load_json, parse_json
+from migrate.safeyaml import quote
 from migrate.train.config import HealthConfig, RunConfig
 from migrate.train.health.log import FILE, facts_of
 from migrate.train.health.watch import KINDS, HealthWatch, verdict_line
@@ -77,47 +78,83 @@ def summarise(run: str | Path) -> HealthSummary:
     metrics = _records(run / METRICS)
     if not run.is_dir() or not metrics and not (run / FILE).is_file():
         raise MigrateError(f"{run} is not a training run folder: no {METRICS}")
-    steps = max((int(r["step"]) for r in metrics), default=0)
+    steps = max((r["step"] for _, r in metrics), default=0)
     config = _health_config(run)
-    entries = _records(run / FILE)
+    entries = [_entry(run / FILE, line, e) for line, e in _records(run / FILE)]
     if (run / FILE).is_file():
         events = [e for e in entries if e.get("kind") in KINDS]
         verdicts = [e for e in entries if e.get("kind") == "verdict"]
         return HealthSummary(run, steps, config.policy, events, verdicts)
     watch = HealthWatch.for_run(_replay_config(run, config))
     events = []
-    for rec in metrics:
-        for event in watch.check(facts_of(rec)).events:
+    for line, rec in metrics:
+        for event in watch.check(facts_of(_replayable(run / METRICS, line, rec))).events:
             events.append({"step": event.step, "kind": event.kind, "value": event.value, "limit": event.limit,
                            "detail": event.detail})
     return HealthSummary(run, steps, config.policy, events, [], f"{METRICS}, replayed (no {FILE})")
 
 
-def _records(path: Path) -> list[dict]:
+def _records(path: Path) -> list[tuple[int, dict]]:
+    """(line number, step record) of a .jsonl file, each line read as bounded JSON (`jsonsafe.parse_json`);
+    a file that is not UTF-8, or a line that is not a step record, is one line naming it."""
     if not path.is_file():
         return []
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MigrateError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     out = []
-    lines = path.read_text().splitlines()
+    lines = text.splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = parse_json(line, f"{path}:{i + 1}")
+        except JSONError:
             if i == len(lines) - 1:
                 continue  # a run still writing its last line
-            raise MigrateError(f"{path}:{i + 1}: not JSON") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            raise
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec["step"], bool):
             raise MigrateError(f"{path}:{i + 1}: not a step record")
-        out.append(rec)
+        out.append((i + 1, rec))
     return out
+
+
+def _replayable(path: Path, line: int, rec: dict) -> dict:
+    """A metrics record the watch can replay: lr a number; loss, grad_norm and loss_scale numbers or absent."""
+    where = f"{path}:{line}"
+    if not _number(rec.get("lr")):
+        raise MigrateError(f"{where}: no lr (a number) to replay the health watch with, found {quote(rec.get('lr'))}")
+    for key in ("loss", "grad_norm", "loss_scale"):
+        if rec.get(key) is not None and not _number(rec[key]):
+            raise MigrateError(f"{where}: {key} must be a number, found {quote(rec[key])}")
+    return rec
+
+
+def _entry(path: Path, line: int, e: dict) -> dict:
+    """A health.jsonl line with the fields the summary prints, of the types the watch writes them in."""
+    text = {"kind": str, "action": str, "detail": str, "line": str, "batch": str}
+    for key, kind in text.items():
+        if e.get(key) is not None and not isinstance(e[key], kind):
+            raise MigrateError(f"{path}:{line}: {key} must be text, found {quote(e[key])}")
+    for key in ("value", "limit"):
+        if e.get(key) is not None and not _number(e[key]):
+            raise MigrateError(f"{path}:{line}: {key} must be a number, found {quote(e[key])}")
+    if e.get("kind") == "verdict" and not isinstance(e.get("line"), str):
+        raise MigrateError(f"{path}:{line}: a verdict line without its text")
+    return e
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _hparams(run: Path) -> dict:
     try:
-        return json.loads((run / HPARAMS).read_text())
-    except (OSError, json.JSONDecodeError):
+        data = load_json(run / HPARAMS)
+    except (OSError, ValueError):  # ValueError: jsonsafe.JSONError; the record is optional here
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _health_config(run: Path) -> HealthConfig:

@@ -2,12 +2,12 @@
 reader, kept whole for the fields it does not know), effective hyperparameters, health events."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from migrate.compare.metrics_log import Run, read_metrics
 from migrate.errors import MigrateError
+from migrate.jsonsafe import load_json, parse_json
 
 HEALTH_FILE = "health.jsonl"
 HPARAMS_FILE = "effective_hparams.json"
@@ -40,28 +40,24 @@ def read_run(path) -> RunFiles:
         raise MigrateError(f"run folder not found: {path}")
     metrics = read_metrics(folder, "run")
     records = {}
-    for line in metrics.path.read_text(encoding="utf-8").splitlines():
+    for n, line in enumerate(metrics.path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            rec = json.loads(line)  # read_metrics has checked every line
+            rec = parse_json(line, f"{metrics.path}:{n}")  # read_metrics has checked every line
             records[int(rec["step"])] = rec
     run = RunFiles(folder, metrics, [records[s] for s in sorted(records)])
     hp = folder / HPARAMS_FILE
     if hp.is_file():
-        try:
-            run.hparams = json.loads(hp.read_text())
-        except ValueError as exc:
-            raise MigrateError(f"{hp} is not JSON: {exc}") from None
+        run.hparams = load_json(hp)  # bounded: one line naming the file otherwise
     health = folder / HEALTH_FILE
     if health.is_file():
         run.health_found = True
-        for n, line in enumerate(health.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = health.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MigrateError(f"{health}: not UTF-8 text (byte {exc.start})") from None
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                raise MigrateError(f"{health}:{n}: not JSON") from None
-            if not isinstance(entry, dict):
-                raise MigrateError(f"{health}:{n}: expected a JSON object")
+            entry = parse_json(line, f"{health}:{n}", expect=dict)
             (run.health_verdicts if entry.get("kind") == "verdict" else run.health).append(entry)
     return run
