@@ -73,3 +73,19 @@ def test_a_checkout_on_the_path_finds_its_keymaps_without_an_install(monkeypatch
 
     monkeypatch.setattr(importlib.resources, "files", missing)
     assert keymap._bundled_dir() == REPO / "keymaps"
+
+
+def test_a_checkout_on_the_path_loads_its_golden_script_without_an_install(monkeypatch):
+    """No `migrate.golden` package either: golden/train_torch.py beside migrate/, under the installed name."""
+    import importlib
+
+    from migrate.train import hparams
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name="migrate.golden")
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    monkeypatch.delitem(sys.modules, "migrate.golden.train_torch", raising=False)
+    module = hparams.load_golden()
+    monkeypatch.setitem(sys.modules, "migrate.golden.train_torch", module)  # restored after the test
+    assert Path(module.__file__) == REPO / "golden" / "train_torch.py" and callable(module.main)
