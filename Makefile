@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-real bench-real real-install demo bench lint clean
+.PHONY: install test test-fast test-real bench-real real-install envs-install test-envs demo bench lint clean
 
 install: $(STAMP)
 
@@ -48,6 +48,36 @@ test-real: real-install
 
 bench-real: real-install
 	MIGRATE_REAL_SITE=$(REAL_SITE) HF_HUB_OFFLINE=1 $(PY) bench/real_models.py
+
+# Two machines, as users have them (tests/envs; not part of `make test`): the MindFormers 2.0.0
+# environment of ../shared/mindformers/setup.sh (MindSpore 2.10, transformers 4.57.1, numpy<2) and a
+# torch box whose recipe pins transformers 4.x. Each is built once and kept (its stamp holds its
+# recipe; ~6 min and ~5 GB the first time), with `pip freeze` of what its recipe installed beside it;
+# the tier installs migrate into each as docs/install.md says and checks that freeze is unchanged.
+ENVS ?= .venv-envs
+MF_RECIPE ?= ../shared/mindformers
+MF_ENV := $(ENVS)/mf
+TORCH_ENV := $(ENVS)/torch-hf4
+TORCH_RECIPE := torch==2.13.0 transformers==4.57.1
+
+envs-install:
+	@if [ "$$(cat $(MF_ENV)/.built 2>/dev/null)" != "$$(sha256sum < $(MF_RECIPE)/setup.sh)" ]; then \
+		echo "building $(MF_ENV) from $(MF_RECIPE)/setup.sh (log: $(MF_ENV)/setup.log)" && \
+		rm -rf $(MF_ENV) && mkdir -p $(MF_ENV) && \
+		PROBE=$(abspath $(MF_ENV)) bash $(MF_RECIPE)/setup.sh > $(MF_ENV)/setup.log 2>&1 && \
+		$(MF_ENV)/venv/bin/pip freeze > $(MF_ENV)/recipe.txt && \
+		sha256sum < $(MF_RECIPE)/setup.sh > $(MF_ENV)/.built; \
+	fi
+	@if [ "$$(cat $(TORCH_ENV)/.built 2>/dev/null)" != "$(TORCH_RECIPE)" ]; then \
+		echo "building $(TORCH_ENV): $(TORCH_RECIPE)" && rm -rf $(TORCH_ENV) && \
+		($(PYTHON) -m venv $(TORCH_ENV)/venv || python3 -m venv $(TORCH_ENV)/venv) && \
+		$(TORCH_ENV)/venv/bin/pip install --quiet $(TORCH_RECIPE) && \
+		$(TORCH_ENV)/venv/bin/pip freeze > $(TORCH_ENV)/recipe.txt && \
+		echo "$(TORCH_RECIPE)" > $(TORCH_ENV)/.built; \
+	fi
+
+test-envs: install envs-install
+	MIGRATE_ENVS=$(abspath $(ENVS)) $(PY) -m pytest tests/envs -q $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m migrate.demo

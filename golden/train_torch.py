@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import inspect
 import json
 import math
 import os
@@ -58,6 +59,7 @@ from migrate.checkpoints.atomic import atomic_output_dir  # noqa: E402
 from migrate.data.samples import load_samples, run_order  # noqa: E402
 from migrate.dtype_names import PRECISIONS  # noqa: E402
 from migrate.errors import MigrateError  # noqa: E402
+from migrate.hf_config import dtype_kwargs  # noqa: E402
 from migrate.lora.targets import base_fingerprint, initial_adapter, select_modules  # noqa: E402
 from migrate.models.registry import family_of, load_model_config, trust_from_env  # noqa: E402
 from migrate.run_protocol.cadence import checkpoint_due, eval_due  # noqa: E402
@@ -85,6 +87,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _checkpointing(model) -> bool:
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers 5's name
+    return bool(model.is_gradient_checkpointing if flag is None else flag)  # 4.x's
+
+
 def build_model(cfg: RunConfig, weights: bool = True):
     """HF model in fp32, eager attention, every *dropout config field set to cfg.dropout.
     weights=False builds it on the meta device from config.json alone (no weight read, no
@@ -102,13 +109,14 @@ def build_model(cfg: RunConfig, weights: bool = True):
             setattr(config, key, cfg.dropout)
     config.use_cache = False  # training: no KV cache (HF Trainer turns it off with recompute too)
     if weights:
-        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32,
+        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, **dtype_kwargs(torch.float32),
                                                      attn_implementation="eager", local_files_only=True)
     else:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+            model = AutoModelForCausalLM.from_config(config, **dtype_kwargs(torch.float32), attn_implementation="eager")
     if cfg.recompute:
-        model.activation_checkpointing_enable()  # transformers 5's name for gradient checkpointing
+        # transformers 5's name for gradient checkpointing; 4.x's gradient_checkpointing_enable
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     if cfg.lora is not None:
         model = add_lora(model, cfg, weights)
     return model.train()
@@ -261,7 +269,7 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
             "weights_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "autocast": str(AUTOCAST[cfg.dtype]).replace("torch.", "") if AUTOCAST[cfg.dtype] else None,
             "dropout": {k: v for k, v in model.config.to_dict().items() if k.endswith("dropout")},
-            "gradient_checkpointing": bool(model.is_activation_checkpointing),
+            "gradient_checkpointing": _checkpointing(model),
             "tie_word_embeddings": bool(getattr(model.config, "tie_word_embeddings", False)),
         },
         "optimizer": {"class": type(optimizer).__name__, "defaults_lr": optimizer.defaults["lr"], "groups": groups},
@@ -319,7 +327,20 @@ def micro_loss(model, rows: torch.Tensor) -> torch.Tensor:
     """HF's causal-LM loss of row[:-1] predicting row[1:] (labels given pre-shifted)."""
     logits = model(input_ids=rows[:, :-1]).logits
     targets = rows[:, 1:].contiguous()
-    return model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
+    return causal_loss(model, logits, targets)
+
+
+def causal_loss(model, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """HF's causal-LM loss of `logits` predicting `targets` (pre-shifted, `shift_labels`). transformers
+    4.4x's loss takes no `shift_labels` and shifts itself: given one more position on each side, which
+    that shift drops again (a last logit row, a first ignored label), it computes the same mean."""
+    loss_fn = getattr(model, "loss_function", None)
+    if loss_fn is None:  # 4.45: no loss_function; its causal LMs compute this cross entropy inline
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    if "shift_labels" in inspect.signature(loss_fn).parameters:
+        return loss_fn(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
+    padded = torch.nn.functional.pad(logits, (0, 0, 0, 1))
+    return loss_fn(padded, torch.nn.functional.pad(targets, (1, 0), value=-100), vocab_size=model.config.vocab_size)
 
 
 def reference_skipped(cfg: RunConfig, model, available: int | None = None) -> str | None:
@@ -386,7 +407,7 @@ def fp64_reference(model, batches: list, cfg: RunConfig, params: list, scaler=No
             inputs, targets = rows[:, :-1], rows[:, 1:].contiguous()
             with _autocast(autocast):
                 logits = model(input_ids=inputs).logits
-                loss = model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=targets)
+                loss = causal_loss(model, logits, targets)
             scaled = loss / accum
             (scaled * scale if scale is not None else scaled).backward()
             losses.append(loss.item())

@@ -23,6 +23,10 @@ from migrate.dtype_names import NAMES
 from migrate.errors import MigrateError
 from migrate.keymap import available
 
+# The frameworks pyproject.toml's extras install (the core needs none of them) -> the extra.
+EXTRAS = {"torch": "torch", "transformers": "torch", "tokenizers": "torch", "mindspore": "mindspore",
+          "matplotlib": "plots", "tensorboard": "train", "peft": "train"}
+
 
 @verb("convert", "HF checkpoint folder -> MindSpore checkpoint folder",
       writes=(Output("out_dir"), Output("mindformers_yaml", "file", overwrite="yaml_overwrite",
@@ -169,10 +173,10 @@ def _inspect_arguments(p) -> None:
       writes=(Output("report", overwrite=None),),
       reads=("hf_dir", "ms_dir", "keymap", "adapter", "mapping", "inputs", lambda a: code_files(a.hf_dir, a.ms_dir)))
 def _cmd_diff(args) -> int:
-    from migrate.align.model_faults import all_faults
-    from migrate.ui import console
+    if args.list_faults:  # the faults are MindSpore cells: a diff of two dumps must not import MindSpore
+        from migrate.align.model_faults import all_faults
+        from migrate.ui import console
 
-    if args.list_faults:
         for fault in all_faults().values():
             needs = f" (needs: {', '.join(fault.needs)})" if fault.needs else ""
             console().print(f"[bold]{fault.name}[/] — {fault.description}; shows at: {fault.block}{needs}")
@@ -262,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("migrate: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:  # a framework this command needs is not installed (docs/two-boxes.md)
+        extra = EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"migrate: error: {args.command} needs {exc.name}, which is not installed here "
+              f"(pip install 'migrate[{extra}]', or the version your recipe pins)", file=sys.stderr)
+        return MigrateError.exit_code
     except OSError as exc:  # a path of the user's that cannot be read or written: a user error too
         where = f"{exc.filename}: " if exc.filename is not None else ""
         print(f"migrate: error: {where}{exc.strerror or exc}", file=sys.stderr)

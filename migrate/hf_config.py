@@ -2,7 +2,10 @@
 
 Going through `AutoConfig` normalises old spellings (`rope_theta` +
 `rope_scaling` become `rope_parameters`), so one keymap serves configs written
-by any transformers version. Every load is local (``local_files_only=True``); the entry points
+by any transformers version. Under transformers 4.x (4.45 on), which keeps the old spellings,
+`load_hf_config` joins them as 5.x does and `write_hf_config` splits them again
+(`join_rope`, `split_rope`); `dtype_kwargs` names the model dtype as the installed version does.
+Every load is local (``local_files_only=True``); the entry points
 (`migrate.cli`, the demos) also set HF_HUB_OFFLINE for the libraries they call, nothing at import.
 """
 from __future__ import annotations
@@ -45,7 +48,7 @@ def load_hf_config(folder: Path) -> dict:
     except Exception as exc:  # transformers raises ValueError/OSError/KeyError for bad configs
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MigrateError(f"transformers cannot read config.json in {folder}: {first}") from None
-    return config.to_dict()
+    return join_rope(config.to_dict()) if transformers_version() < (5, 0) else config.to_dict()
 
 
 def write_hf_config(folder: Path, fields: dict) -> None:
@@ -58,5 +61,47 @@ def write_hf_config(folder: Path, fields: dict) -> None:
         (Path(folder) / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
         return
     model_type = fields.pop("model_type")
+    if transformers_version() < (5, 0):
+        fields = split_rope(fields)
     config = AutoConfig.for_model(model_type, **fields)
     config.save_pretrained(str(folder))
+
+
+def transformers_version() -> tuple[int, int]:
+    import transformers
+
+    major, minor = (transformers.__version__.split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def join_rope(fields: dict) -> dict:
+    """transformers 4.x's `rope_theta` and `rope_scaling` as 5.x's `rope_parameters` (the keymaps'
+    spelling): the scaling's fields, its `rope_type` (or legacy `type`; 'default' when none) and the theta.
+    Left alone: a config with `rope_parameters` already, or without a theta (no RoPE)."""
+    if "rope_parameters" in fields or "rope_theta" not in fields:
+        return fields
+    fields = dict(fields)
+    scaling = dict(fields.pop("rope_scaling", None) or {})
+    scaling.setdefault("rope_type", scaling.get("type", "default"))
+    fields["rope_parameters"] = {**scaling, "rope_theta": fields.pop("rope_theta")}
+    return fields
+
+
+def split_rope(fields: dict) -> dict:
+    """5.x's `rope_parameters` as transformers 4.x's `rope_theta` + `rope_scaling` (None for plain RoPE):
+    4.x takes `rope_parameters` as an unknown attribute and would keep its default theta."""
+    if "rope_parameters" not in fields:
+        return fields
+    fields = dict(fields)
+    rope = dict(fields.pop("rope_parameters") or {})
+    if "rope_theta" in rope:
+        fields["rope_theta"] = rope.pop("rope_theta")
+    plain = rope.get("rope_type", rope.get("type", "default")) == "default" and set(rope) <= {"rope_type", "type"}
+    fields["rope_scaling"] = None if plain else rope
+    return fields
+
+
+def dtype_kwargs(dtype) -> dict:
+    """`from_pretrained`/`from_config`'s dtype argument: `dtype` from transformers 4.56, `torch_dtype`
+    before (where `dtype=` is taken as a config field and the model silently stays float32)."""
+    return {"dtype": dtype} if transformers_version() >= (4, 56) else {"torch_dtype": dtype}

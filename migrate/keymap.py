@@ -38,8 +38,18 @@ from migrate.keymap_schema import check_schema
 from migrate.safeyaml import clip, load_yaml, quote
 from migrate.transforms import get_layout
 
-# The bundled keymaps: keymaps/ of the checkout, installed as the package data migrate.keymaps.
-KEYMAP_DIR = Path(str(importlib.resources.files("migrate.keymaps")))
+
+def _bundled_dir() -> Path:
+    """keymaps/ of the checkout, installed as the package data migrate.keymaps; a checkout on
+    PYTHONPATH (not installed) has no migrate.keymaps, so its keymaps/ beside migrate/ is used."""
+    try:
+        return Path(str(importlib.resources.files("migrate.keymaps")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "keymaps"
+
+
+# The bundled keymaps.
+KEYMAP_DIR = _bundled_dir()
 _chosen: Path | None = None  # the folder an entry point chose instead (`use_keymap_dir`)
 
 

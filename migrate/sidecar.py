@@ -22,15 +22,33 @@ SIDECAR_FILES = (
 )
 
 
-def sidecars(src: Path) -> list[Path]:
-    """The sidecar files of `src`, each checked to lie inside it (MigrateError otherwise)."""
+# Folders of such files: transformers 5 writes each named chat template as additional_chat_templates/NAME.jinja.
+SIDECAR_DIRS = ("additional_chat_templates",)
+
+
+def _names(src: Path) -> list[str]:
+    names = [name for name in SIDECAR_FILES if (src / name).is_file()]
+    for folder in SIDECAR_DIRS:
+        if (src / folder).is_dir():
+            names += sorted(f"{folder}/{p.name}" for p in (src / folder).iterdir() if p.is_file())
+    return names
+
+
+def _checked(src: Path) -> list[tuple[str, Path]]:
     folder = ModelFolder(src)
-    return [folder.file(name, name) for name in SIDECAR_FILES if (Path(src) / name).is_file()]
+    return [(name, folder.file(name, name)) for name in _names(Path(src))]
+
+
+def sidecars(src: Path) -> list[Path]:
+    """The sidecar files of `src`, each checked to lie inside it (MigrateError otherwise): a file of a
+    sidecar folder too, so a folder linking outside is refused as a file would be."""
+    return [path for _, path in _checked(src)]
 
 
 def copy_sidecars(src: Path, dst: Path) -> list[str]:
-    copied = []
-    for path in sidecars(src):  # all checked before the first is copied
-        shutil.copy2(path, Path(dst) / path.name)
-        copied.append(path.name)
-    return copied
+    """Copies the sidecars to the same names under `dst`; returns those names."""
+    checked = _checked(src)  # all checked before the first is copied
+    for name, path in checked:
+        (Path(dst) / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, Path(dst) / name)
+    return [name for name, _ in checked]

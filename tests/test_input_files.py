@@ -170,6 +170,25 @@ def test_a_chat_template_linking_outside_the_folder_is_refused(capsys, tmp_path,
     assert_refused(capsys, tmp_path, src, "chat_template.jinja is a link to a file outside the model folder")
 
 
+def test_named_chat_templates_travel_and_a_folder_linking_outside_is_refused(capsys, tmp_path, llama):
+    """transformers 5 saves each named chat template as additional_chat_templates/NAME.jinja."""
+    src = save_hf_model(llama, tmp_path / "hf")
+    (src / "additional_chat_templates").mkdir()
+    (src / "additional_chat_templates" / "tool_use.jinja").write_text("{{ messages[0]['content'] }}")
+    convert_ok(capsys, src, tmp_path / "ms")
+    code, err = run_cli(capsys, "export", "--src", "hf_llama", tmp_path / "ms", tmp_path / "back")
+    assert code == 0, err
+    for folder in ("ms", "back"):
+        assert (tmp_path / folder / "additional_chat_templates" / "tool_use.jinja").read_text() == \
+            "{{ messages[0]['content'] }}"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.jinja").write_text("not for the output")
+    shutil.rmtree(src / "additional_chat_templates")
+    (src / "additional_chat_templates").symlink_to(tmp_path / "outside")
+    assert_refused(capsys, tmp_path, src,
+                   "additional_chat_templates/secret.jinja is a link to a file outside the model folder")
+
+
 def test_export_refuses_a_sidecar_linking_outside(capsys, tmp_path, llama):
     src = save_hf_model(llama, tmp_path / "hf")
     convert_ok(capsys, src, tmp_path / "ms")

@@ -43,3 +43,49 @@ def test_an_installed_wheel_has_the_keymaps_and_the_golden_script(tmp_path):
         assert Path(found[key]).resolve().is_relative_to(site.resolve()), (key, found[key])
     assert found["family"] == "hf_llama"
     assert (site / "migrate" / "keymaps" / "hf_llama.yaml").is_file()
+
+
+def test_a_command_whose_framework_is_not_installed_names_the_extra(tmp_path, monkeypatch, capsys):
+    """The core installs without the frameworks (pyproject's extras): `convert` on a box without
+    transformers is one line naming what to install, exit 2, nothing written."""
+    from migrate.cli import main
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 8}))
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails as if absent
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ms")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["migrate: error: convert needs transformers, which is not installed here "
+                   "(pip install 'migrate[torch]', or the version your recipe pins)"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_checkout_on_the_path_finds_its_keymaps_without_an_install(monkeypatch):
+    """PYTHONPATH=<checkout> has no `migrate.keymaps` package: keymaps/ beside migrate/ is used."""
+    import importlib.resources
+
+    from migrate import keymap
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(importlib.resources, "files", missing)
+    assert keymap._bundled_dir() == REPO / "keymaps"
+
+
+def test_a_checkout_on_the_path_loads_its_golden_script_without_an_install(monkeypatch):
+    """No `migrate.golden` package either: golden/train_torch.py beside migrate/, under the installed name."""
+    import importlib
+
+    from migrate.train import hparams
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name="migrate.golden")
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    monkeypatch.delitem(sys.modules, "migrate.golden.train_torch", raising=False)
+    module = hparams.load_golden()
+    monkeypatch.setitem(sys.modules, "migrate.golden.train_torch", module)  # restored after the test
+    assert Path(module.__file__) == REPO / "golden" / "train_torch.py" and callable(module.main)

@@ -26,6 +26,7 @@ import torch
 
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
+from migrate.hf_config import dtype_kwargs
 from migrate.infer.batch import Batch
 from migrate.infer.generate import Generation
 from migrate.infer.sampling import Sampling, softmax
@@ -70,8 +71,9 @@ def load_hf_model(hf_dir, dtype: str = "fp32"):
     if not Path(hf_dir).is_dir():
         raise MigrateError(f"HF model folder not found: {hf_dir}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, PRECISIONS[dtype].compute),
-                                                     attn_implementation="eager", local_files_only=True)
+        compute = getattr(torch, PRECISIONS[dtype].compute)
+        model = AutoModelForCausalLM.from_pretrained(str(hf_dir), **dtype_kwargs(compute), attn_implementation="eager",
+                                                     local_files_only=True)
     except Exception as exc:
         raise MigrateError(f"transformers cannot load {hf_dir}: {str(exc).strip().splitlines()[0]}") from None
     return model.eval()

@@ -21,7 +21,7 @@ from typing import Any
 
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
-from migrate.hf_config import read_raw_config
+from migrate.hf_config import dtype_kwargs, read_raw_config
 from migrate.keymap import resolve
 from migrate.probe.dump_format import MANIFEST, Dump, is_dump
 from migrate.safeyaml import clip
@@ -96,7 +96,7 @@ def load_hf_model(folder: Path, dtype: str, seed: int):
     torch.manual_seed(seed)
     compute = getattr(torch, PRECISIONS[dtype].compute)  # "bf16" -> torch.bfloat16
     try:
-        model = hf_model_class(folder).from_pretrained(str(folder), dtype=compute,
+        model = hf_model_class(folder).from_pretrained(str(folder), **dtype_kwargs(compute),
                                                        attn_implementation="eager", local_files_only=True)
     except Exception as exc:
         raise MigrateError(f"transformers cannot load {folder}: {clip(str(exc).strip().splitlines()[0])}") from None

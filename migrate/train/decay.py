@@ -14,6 +14,7 @@ its HF pair (through the keymap) does, so both sides agree by construction.
 """
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterable
 
@@ -43,7 +44,10 @@ def hf_decay_names(model, no_decay_rules: Iterable[str] = HF_DEFAULT) -> set[str
 
     rules = list(no_decay_rules)
     layer_types = [nn.LayerNorm] if "norm" in rules else []  # HF's forbidden layer type
-    allowed = set(get_parameter_names(model, layer_types, _patterns(rules)))
+    if "forbidden_layer_names" in inspect.signature(get_parameter_names).parameters:
+        allowed = set(get_parameter_names(model, layer_types, _patterns(rules)))
+    else:  # transformers 4.4x takes no name patterns: the same name test, on each full name
+        allowed = {n for n in get_parameter_names(model, layer_types) if hf_name_decays(n, rules)}
     return {n for n, p in model.named_parameters() if p.requires_grad and n in allowed}
 
 

@@ -25,8 +25,11 @@ are tied to). The lr row compares every step and names the first that differs.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from migrate.data.samples import META_FILE, check_seq_length
@@ -65,8 +68,20 @@ class HparamsReport:
 
 
 def load_golden():
-    """golden/train_torch.py, installed with the package as `migrate.golden.train_torch`."""
-    return importlib.import_module("migrate.golden.train_torch")
+    """golden/train_torch.py, installed with the package as `migrate.golden.train_torch`; from a
+    checkout on PYTHONPATH (not installed) its golden/ beside migrate/, under the same name."""
+    name = "migrate.golden.train_torch"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("migrate.golden", name):
+            raise
+    path = Path(__file__).resolve().parents[2] / "golden" / "train_torch.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---------- probes ----------
