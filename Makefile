@@ -53,7 +53,7 @@ bench-real: real-install
 # environment of ../shared/mindformers/setup.sh (MindSpore 2.10, transformers 4.57.1, numpy<2) and a
 # torch box whose recipe pins transformers 4.x. Each is built once and kept (its stamp holds its
 # recipe; ~6 min and ~5 GB the first time), with `pip freeze` of what its recipe installed beside it;
-# the tier installs migrate into each as docs/install.md says and checks that freeze is unchanged.
+# the tier installs migrate into each as docs/two-boxes.md says and checks that freeze is unchanged.
 ENVS ?= .venv-envs
 MF_RECIPE ?= ../shared/mindformers
 MF_ENV := $(ENVS)/mf
