@@ -53,7 +53,8 @@ bench-real: real-install
 # environment of ../shared/mindformers/setup.sh (MindSpore 2.10, transformers 4.57.1, numpy<2) and a
 # torch box whose recipe pins transformers 4.x. Each is built once and kept (its stamp holds its
 # recipe; ~6 min and ~5 GB the first time), with `pip freeze` of what its recipe installed beside it;
-# the tier installs migrate into each as docs/two-boxes.md says and checks that freeze is unchanged.
+# the tier installs migrate into each as docs/two-boxes.md says and checks that freeze is unchanged,
+# and trains MindFormers itself from the emitted CPU YAML (tests/test_mindformers_live.py: exactly total_steps).
 ENVS ?= .venv-envs
 MF_RECIPE ?= ../shared/mindformers
 MF_ENV := $(ENVS)/mf
@@ -77,7 +78,8 @@ envs-install:
 	fi
 
 test-envs: install envs-install
-	MIGRATE_ENVS=$(abspath $(ENVS)) $(PY) -m pytest tests/envs -q $(PYTEST_ARGS)
+	MIGRATE_ENVS=$(abspath $(ENVS)) MIGRATE_MF_PYTHON=$(abspath $(MF_ENV))/venv/bin/python \
+		$(PY) -m pytest tests/envs tests/test_mindformers_live.py -q $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m migrate.demo
