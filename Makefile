@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-real bench-real real-install envs-install test-envs demo bench lint clean
+.PHONY: install test test-costs test-fast test-real bench-real real-install envs-install test-envs demo bench lint clean
 
 install: $(STAMP)
 
@@ -18,11 +18,16 @@ $(STAMP): requirements.lock pyproject.toml
 
 # One pytest worker per core (pytest-xdist); a file's tests stay in one worker, so its module
 # fixtures (trained runs, converted models) are built once. PYTEST_JOBS=0 runs in this process.
+# Files go out costliest first (tests/file_costs.py), not xdist's most-tests-first.
 PYTEST_JOBS ?= auto
-XDIST = -n $(PYTEST_JOBS) --dist loadfile
+XDIST = -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# A whole run that records each file's seconds into tests/file_costs.json (the order above).
+test-costs: install
+	MIGRATE_RECORD_TEST_COSTS=1 $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The edit loop: every test not marked slow (under 3 minutes on 2 cores).
 test-fast: install

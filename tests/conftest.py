@@ -31,3 +31,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Costliest files first (tests/file_costs.py): the last file a worker starts is a short one."""
+    from file_costs import longest_files_first
+
+    items[:] = longest_files_first(items)
+
+
+def pytest_configure(config):
+    from file_costs import CostRecorder, recording_wanted
+
+    if recording_wanted(config):
+        config.pluginmanager.register(CostRecorder(), "migrate-file-costs")
