@@ -103,17 +103,21 @@ CORRECT = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CORRECT) + ["trainer 200 steps", "trainer 200 steps, data seed 6", "demo"])
+@pytest.mark.parametrize("name", list(CORRECT) + ["trainer 200 steps, data seed 6", "demo"])
 def test_correct_fp32_runs_pass_with_a_flat_drift(tiny, demo, name, tmp_path, capsys):
     if name == "demo":
         g, m = runs(demo, "demo", RUN.format(**DEMO))
-    elif name.startswith("trainer"):  # tests/test_trainer.py's run.yaml; data seed 6 wanders the most
-        text = TRAINER_RUN if "seed 6" not in name else TRAINER_RUN.replace("data_seed: 5", "data_seed: 6")
-        g, m = runs(tiny, name.replace(" ", "_").replace(",", ""), text)
+    elif name.startswith("trainer"):  # tests/test_trainer.py's run.yaml with data seed 6, which wanders the most
+        # (its own pair, data seed 5, is judged in tests/test_trainer.py, which trains it anyway)
+        g, m = runs(tiny, name.replace(" ", "_").replace(",", ""), TRAINER_RUN.replace("data_seed: 5", "data_seed: 6"))
     else:
         g, m = runs(tiny, name.replace(" ", "_"), RUN.format(**CORRECT[name]))
     code, report, c = compare(g, m, tmp_path / "c.json")
     capsys.readouterr()
+    assert_flat_drift(name, code, report, c)
+
+
+def assert_flat_drift(name, code, report, c):
     d = c["drift"]
     print(f"\n[{name}] mean loss rel {c['mean']['value']:.2e}; drift sustained {d['value']:.2e} "
           f"/ bound {d['limit']:.2e} ({d['value'] / d['limit']:.0%})")

@@ -73,6 +73,18 @@ def test_fp32_matches_the_golden_over_200_steps(fp32_runs, cfg):
     assert m[-1]["loss"] < m[0]["loss"] - 1.0  # it trains
 
 
+def test_compare_passes_the_200_step_pair_with_a_flat_drift(fp32_runs, run_dir, tmp_path, capsys):
+    """tests/test_compare_tight.py's judgement of correct runs, on this file's pair (it trains it anyway)."""
+    from migrate.cli import main
+    from test_compare_tight import assert_flat_drift
+
+    out = tmp_path / "c.json"
+    code = main(["compare", str(run_dir / "golden"), str(run_dir / "ms"), "--json", str(out)])
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    assert_flat_drift("trainer 200 steps", code, report, {c["key"]: c for c in report["checks"]})
+
+
 def test_fp32_clips_with_torchs_epsilon(fp32_runs, cfg):
     # Where both sides clip, torch's max_norm / (norm + 1e-6) leaves the clipped norm 1e-6 / norm below
     # max_norm (~9e-7 here); without the epsilon it would be max_norm. The loss curve cannot see this.
