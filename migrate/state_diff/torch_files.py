@@ -15,9 +15,9 @@ def load_torch(path: Path, what: str, numpy_arrays: bool = False):
 
     try:
         if numpy_arrays:
-            from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
+            from torch.serialization import safe_globals
 
-            with safe_globals(_numpy_globals(get_unsafe_globals_in_checkpoint(str(path)))):
+            with safe_globals(_numpy_globals()):
                 return torch.load(str(path), map_location="cpu", weights_only=True)
         return torch.load(str(path), map_location="cpu", weights_only=True)
     except MigrateError:
@@ -27,19 +27,12 @@ def load_torch(path: Path, what: str, numpy_arrays: bool = False):
         raise MigrateError(f"cannot read {what} {path} (torch.load, weights only): {first}") from None
 
 
-def _numpy_globals(names: list[str]) -> list:
-    """numpy's array and dtype reconstructors among `names`; anything else is refused."""
+def _numpy_globals() -> list:
+    """numpy's array reconstructor, ndarray, dtype and the numeric dtype classes: numbers only (an object
+    array would still meet the same restricted unpickler for its elements, but none is needed here)."""
     import numpy as np
 
-    allowed = {"numpy.core.multiarray._reconstruct": np.core.multiarray._reconstruct,
-               "numpy._core.multiarray._reconstruct": np.core.multiarray._reconstruct,
-               "numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype}
-    found = []
-    for name in names:
-        if name in allowed:
-            found.append(allowed[name])
-        elif name.startswith(("numpy.dtypes.", "numpy.dtype[")) and hasattr(np.dtypes, name.rsplit(".", 1)[-1]):
-            found.append(getattr(np.dtypes, name.rsplit(".", 1)[-1]))
-        else:
-            raise MigrateError(f"the file names {name}, which is not numpy's array or dtype: not read")
-    return found
+    numeric = ("Bool", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64", "Float16",
+               "Float32", "Float64", "Long", "ULong", "LongLong", "ULongLong", "Short", "UShort", "Byte", "UByte")
+    classes = [getattr(np.dtypes, f"{n}DType") for n in numeric if hasattr(np.dtypes, f"{n}DType")]
+    return [np.core.multiarray._reconstruct, np.ndarray, np.dtype, *classes]
