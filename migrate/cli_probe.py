@@ -137,22 +137,29 @@ _NOT_FOR_STATES = ("inject", "grads", "generate", "adapter", "text", "mapping", 
 def state_pair(args) -> bool:
     """Two training checkpoints (`migrate.state_diff`); a training checkpoint beside something that is no
     model either is refused with what a training checkpoint is."""
-    from migrate.probe.sides import side_kind
     from migrate.state_diff.detect import reader, state_format
 
     found = [state_format(s) for s in (args.hf_dir, args.ms_dir)]
     if all(found):
         return True
-    if any(found):
-        other = args.ms_dir if found[0] else args.hf_dir
-        try:
-            side_kind(other)
-        except MigrateError:
-            reader(other)   # neither a model nor a training state: says what a training checkpoint is
+    if any(found):   # a checkpoint folder beside a model is also a model (golden's, migrate train's): diff them
+        state, other = (args.hf_dir, args.ms_dir) if found[0] else (args.ms_dir, args.hf_dir)
+        if not (_is_model(state) and _is_model(other)):
+            reader(other)   # says what a training checkpoint is
     used = [f"--{o}" for o in _STATE_ONLY if getattr(args, o, None)]
     if used:
         raise MigrateError(f"{', '.join(used)}: for two training checkpoints")
     return False
+
+
+def _is_model(spec: str) -> bool:
+    from migrate.probe.sides import side_kind
+
+    try:
+        side_kind(spec)
+    except MigrateError:
+        return False
+    return True
 
 
 def _diff_states(args, thresholds):

@@ -30,8 +30,8 @@ from migrate.judge.fmt import fmt_cosine, fmt_num, fmt_share
 from migrate.judge.tolerances import AT_LEAST_0, Range
 from migrate.judge.verdict import Check
 
-__all__ = ["KINDS", "MODEL_KINDS", "STATE_REL", "DTYPES", "METRICS", "Metric", "metric", "OFF_FLOOR", "carried_limit", "max_abs_limit",
-           "noise_limit"]
+__all__ = ["KINDS", "MODEL_KINDS", "STATE_REL", "DTYPES", "METRICS", "Metric", "metric", "OFF_FLOOR", "carried_limit",
+           "max_abs_limit", "noise_limit"]
 
 # state / counter: two training states compared (`migrate.state_diff`): a tensor of one (a parameter, an
 # AdamW moment, the learning rate) and a count that must agree exactly (a step counter, a loss scale, a
@@ -99,8 +99,10 @@ def noise_limit(fixed: float | None, k: float | None, own: Any) -> tuple[float |
     return fixed, False
 
 
-def _noise_words(k: float, own: float, what: str = "error") -> str:
-    return f"{k:g} × the reference's own {what} vs float64 {fmt_num(own)}"
+def _noise_words(k: float, own: float, what: str = "error", against: str | None = None) -> str:
+    """`against`: what the reference's own figure was measured against (noise["against"]): its float64
+    twin, or a training state's noise run."""
+    return f"{k:g} × the reference's own {what} vs {against or 'float64'} {fmt_num(own)}"
 
 
 def max_abs_limit(m: Mapping[str, Any], b, noise: Mapping[str, Any]) -> tuple[float | None, str | None]:
@@ -172,7 +174,7 @@ def _max_abs(m, b, noise):
     if source == "carried":
         text += f" = the limit carried from {m['carried'].get('from', 'the previous layer')}"
     elif source == "noise":
-        text += f" = {_noise_words(b.noise, noise['max_abs'])}"
+        text += f" = {_noise_words(b.noise, noise['max_abs'], against=noise.get('against'))}"
     elif b.max_abs_rel is not None and (b.max_abs is None or bound > b.max_abs):
         text += f" = {b.max_abs_rel:g} × max|ref| {ref_peak:.3g}"
     return Check("max_abs", "max abs", value=mab, limit=bound, passed=not failed, detail=text if failed else "")
@@ -202,7 +204,7 @@ def _cosine(m, b, noise):
     failed = _bad(cos) or (not zero and cos < limit)
     text = f"cosine {fmt_cosine(cos)} < {fmt_cosine(limit)}"
     if by_noise:
-        text += f" (1 - cosine over {_noise_words(b.noise, 1.0 - own, 'distance')})"
+        text += f" (1 - cosine over {_noise_words(b.noise, 1.0 - own, 'distance', noise.get('against'))})"
     return Check("cosine", "cosine", value=cos, limit=limit, passed=None if zero and not failed else not failed,
                  detail=text if failed else ("zero within the max-abs bound: no direction to compare" if zero else ""))
 

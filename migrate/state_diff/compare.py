@@ -64,7 +64,7 @@ def diff_states(ref: str, got: str, *, noise: str | None = None, thresholds=None
     for name in backward_order(a.params):
         for part in PARTS:
             x, y = _part(a, part, name), _part(b, part, name)
-            figures = noise_figures(x, _part(states[2], part, name)) if noise else None
+            figures = {**noise_figures(x, _part(states[2], part, name)), "against": "the noise run"} if noise else None
             report.add(f"{part} {name}", x, y, kind="state", block=name, noise=figures)
     return report.finalize()
 

@@ -16,6 +16,7 @@ from migrate.state_diff.hf_weights import read_config, read_weights
 from migrate.state_diff.state import LOSS_SCALE, OPTIMIZER_STEP, SCHEDULER_STEP, STEP, TrainingState, rng_arrays
 from migrate.state_diff.torch_files import load_torch
 from migrate.state_diff.torch_optimizer import group_indices, group_lr, moments_by_name, recorded_names
+from migrate.train.decay import hf_decay_names
 
 OPTIMIZER, SCHEDULER, STATE, RNG, SCALER = ("optimizer.pt", "scheduler.pt", "trainer_state.json",
                                            "rng_state.pth", "scaler.pt")
@@ -49,8 +50,6 @@ def trainer_names(config: dict, sizes: list[int], path: Path) -> list[list[str]]
     """The parameter names of Trainer's groups: decayed, then not (an empty group is kept by Trainer)."""
     import torch
     import transformers
-
-    from migrate.train.decay import hf_decay_names
 
     hf_config = transformers.AutoConfig.for_model(**config)
     try:

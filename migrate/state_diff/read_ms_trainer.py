@@ -13,6 +13,8 @@ from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.errors import MigrateError
 from migrate.safeyaml import load_yaml
 from migrate.state_diff.state import LOSS_SCALE, OPTIMIZER_STEP, SCHEDULER_STEP, STEP, TrainingState, rng_arrays
+from migrate.train.config import RunConfig
+from migrate.train.schedule import hf_lr
 
 MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, MODEL_CONFIG, LAYOUT_FILE = (
     "model.ckpt", "optimizer.ckpt", "rng_state.json", "model.yaml", "parallel_layout.json")
@@ -72,9 +74,6 @@ def _next_lr(run: dict, scheduler_step) -> float | None:
     """The lr the next step uses, from the run config the checkpoint carries (the schedule is pure Python)."""
     if not run or scheduler_step is None:
         return None
-    from migrate.train.config import RunConfig
-    from migrate.train.schedule import hf_lr
-
     try:
         cfg = RunConfig.from_dict(run)
         return float(hf_lr(int(scheduler_step), cfg.hf_schedule(), cfg.optimizer.lr))
