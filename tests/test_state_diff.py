@@ -8,6 +8,7 @@
 - bad input: no checkpoint, a truncated optimizer.pt, a pickle naming a class, missing moments: one line, exit 2.
 """
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -246,6 +247,13 @@ def test_mismatched_step_counters_fail(paired_runs, tmp_path, capsys):
 
 # --------------------------------------------------------------------------- bad input
 
+def save_rng(path: Path, seed: int) -> None:
+    """rng_state.pth as HF Trainer writes it (Python's, numpy's and torch's generators)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+               path)
+
 @pytest.fixture(scope="module")
 def tiny_trainer_ckpt(tmp_path_factory):
     """An HF Trainer-shaped checkpoint without running Trainer: the model, Trainer's two AdamW groups
@@ -263,6 +271,7 @@ def tiny_trainer_ckpt(tmp_path_factory):
     save_hf_model(model, ckpt)
     torch.save(optimizer.state_dict(), ckpt / "optimizer.pt")
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    save_rng(ckpt / "rng_state.pth", seed=0)
     mf = mindformers_file(ckpt, live_moments(model, optimizer), root / "mf.safetensors", root,
                           scalars={"global_step": 1})
     return ckpt, mf
@@ -273,6 +282,24 @@ def test_tiny_trainer_checkpoint_against_its_mindformers_file(tiny_trainer_ckpt,
     code, out, err = run_cli(capsys, "diff", ckpt, mf)
     assert code == 0, err + out[-1500:]
     assert "PASS · training state" in out
+
+
+def test_generator_positions_are_compared_where_both_record_them(tiny_trainer_ckpt, tmp_path, capsys):
+    ckpt, _ = tiny_trainer_ckpt
+    same = shutil.copytree(ckpt, tmp_path / "same")
+    report = verdict(tmp_path, capsys, ckpt, same)
+    assert report["summary"]["passed"]
+    assert {"python generator", "numpy generator"} <= {e["name"] for e in report["entries"]}
+    moved = shutil.copytree(ckpt, tmp_path / "moved")
+    random.seed(0)
+    np.random.seed(0)
+    np.random.random(3)   # numpy's generator three draws further
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+               moved / "rng_state.pth")
+    report = verdict(tmp_path, capsys, ckpt, moved)
+    assert [e["name"] for e in report["entries"] if not e["passed"]] == ["numpy generator"]
+    assert report["summary"]["first_grad_divergence"]["reason"] == \
+        "numpy generator at position 624 vs numpy generator at position 6"
 
 
 def test_a_folder_that_is_no_checkpoint(tiny_trainer_ckpt, tmp_path, capsys):

@@ -56,8 +56,7 @@ def diff_states(ref: str, got: str, *, noise: str | None = None, thresholds=None
     report = Report(dtype=dtype, inputs=f"training states at step {steps}", ref_dir=ref, got_dir=got,
                     ref_label=_label(a, b, "A"), got_label=_label(b, a, "B"), thresholds=thresholds,
                     extra={"sides": f"{a.format} vs {b.format}",
-                           "names": f"HF names through keymap {plan.keymap.name}"
-                                    + (f" (target {plan.keymap.target_name})" if plan.keymap.target_name else ""),
+                           "names": _names_text(plan),
                            "order": "backward: counters, lr, then the LM head and the last layers first"},
                     reference=_reference(noise, dtype, thresholds))
     _add_scalars(report, a, b)
@@ -93,6 +92,13 @@ def _plan(states: list[TrainingState], keymap: str | None, model: str | None):
     for s in ms[1:]:
         covering_plan([plan], s.params, str(s.path))
     return plan
+
+
+def _names_text(plan) -> str:
+    if plan is None:
+        return "HF names on both sides"
+    target = f" (target {plan.keymap.target_name})" if plan.keymap.target_name else ""
+    return f"HF names through keymap {plan.keymap.name}{target}"
 
 
 def _same_parameters(a: TrainingState, b: TrainingState) -> None:
