@@ -74,7 +74,12 @@ def mindformers_file(hf_ckpt: Path, moments: dict, out: Path, work: Path, target
         tensors.update({prefix + written(n): a for n, a in plan.in_model_names(moments[which]).items()})
     tensors.update({k: np.asarray([v], np.float32 if isinstance(v, float) else np.int32)
                     for k, v in (scalars or {}).items()})
-    save_numpy(tensors, str(out))
+    if out.suffix == ".ckpt":
+        from migrate.train.checkpoint.files import save_tensors_atomically
+
+        save_tensors_atomically(tensors, out)   # MindSpore's own writer
+    else:
+        save_numpy(tensors, str(out))
     return out
 
 
@@ -272,16 +277,30 @@ def tiny_trainer_ckpt(tmp_path_factory):
     torch.save(optimizer.state_dict(), ckpt / "optimizer.pt")
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
     save_rng(ckpt / "rng_state.pth", seed=0)
-    mf = mindformers_file(ckpt, live_moments(model, optimizer), root / "mf.safetensors", root,
-                          scalars={"global_step": 1})
+    moments = live_moments(model, optimizer)
+    mf = mindformers_file(ckpt, moments, root / "mf.safetensors", root, scalars={"global_step": 1})
+    mindformers_file(ckpt, moments, root / "mf.ckpt", root, scalars={"global_step": 1})
     return ckpt, mf
 
 
-def test_tiny_trainer_checkpoint_against_its_mindformers_file(tiny_trainer_ckpt, tmp_path, capsys):
+@pytest.mark.parametrize("suffix", [".safetensors", ".ckpt"])
+def test_tiny_trainer_checkpoint_against_its_mindformers_file(tiny_trainer_ckpt, suffix, tmp_path, capsys):
     ckpt, mf = tiny_trainer_ckpt
-    code, out, err = run_cli(capsys, "diff", ckpt, mf)
+    code, out, err = run_cli(capsys, "diff", ckpt, mf.with_suffix(suffix))
     assert code == 0, err + out[-1500:]
     assert "PASS · training state" in out
+
+
+def test_the_reader_rule(tiny_trainer_ckpt, tmp_path, capsys):
+    """A member linked out of the checkpoint, JSON nested past the bound: one line each."""
+    ckpt, mf = tiny_trainer_ckpt
+    linked = shutil.copytree(ckpt, tmp_path / "linked")
+    shutil.move(linked / "optimizer.pt", tmp_path / "optimizer.pt")
+    (linked / "optimizer.pt").symlink_to(tmp_path / "optimizer.pt")
+    refused(capsys, linked, mf, pattern="optimizer.pt is a link to a file outside the checkpoint")
+    deep = shutil.copytree(ckpt, tmp_path / "deep")
+    (deep / "trainer_state.json").write_text("[" * 100_000 + "]" * 100_000)
+    refused(capsys, deep, mf, pattern="trainer_state.json")
 
 
 def test_generator_positions_are_compared_where_both_record_them(tiny_trainer_ckpt, tmp_path, capsys):
