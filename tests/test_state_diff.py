@@ -208,6 +208,30 @@ def test_golden_against_migrate_train_passes(paired_runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_optimizer_sharded_checkpoint_reads_as_the_whole_one(paired_runs, tmp_path, capsys):
+    """migrate train's checkpoint with its moments split over 2 data-parallel ranks (optimizer sharding's
+    files, as the trainer writes them on Ascend/GPU) gives the very figures of the whole one."""
+    from migrate.checkpoints.manifest import write_manifest
+    from migrate.train.checkpoint.shards import LAYOUT_FORMAT, slice_table, write_optimizer_shard
+
+    golden, ms = paired_runs
+    sharded = shutil.copytree(ms, tmp_path / "sharded")
+    moments = dict(open_ms_checkpoint(sharded / "optimizer.ckpt").tensors())
+    shapes = {name: a.shape for name, a in moments.items()}
+    for rank in range(2):
+        write_optimizer_shard(sharded, rank, 2, moments, shapes)
+    (sharded / "optimizer.ckpt").unlink()
+    (sharded / "parallel_layout.json").write_text(json.dumps(
+        {"format": LAYOUT_FORMAT, "version": 1, "dp": 2, "mp": 1, "pp": 1, "optimizer_shard": True,
+         "world_size": 2, "optimizer_slices": slice_table(shapes, 2)}))
+    write_manifest(sharded)
+    whole, split = verdict(tmp_path, capsys, golden, ms), verdict(tmp_path, capsys, golden, sharded)
+    assert split["summary"]["passed"]
+    assert [(e["name"], e["metrics"].get("max_abs")) for e in split["entries"]] == \
+        [(e["name"], e["metrics"].get("max_abs")) for e in whole["entries"]]
+
+
+@pytest.mark.slow
 def test_a_noise_run_sets_the_bounds(paired_runs, tmp_path, capsys):
     """A correct run of the other framework as the noise run: every bound is K x the golden-MindSpore
     difference; the same pair passes at x noise 1, and a moment x 1.01 is far outside it."""
