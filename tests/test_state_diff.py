@@ -164,18 +164,40 @@ def test_one_element_of_a_fused_mcore_moment_is_traced_to_its_hf_tensor(hf_train
 # --------------------------------------------------------------------------- golden vs migrate train
 
 @pytest.fixture(scope="module")
-def paired_runs(tmp_path_factory, one_torch_thread):
-    """The golden script and `migrate train` on one tiny run.yaml, checkpoints every 2 steps."""
-    from migrate.train.trainer import train
-    from train_setup import RUN, load_cfg, load_golden, make_run_dir
+def paired_root(tmp_path_factory):
+    """A tiny run.yaml both sides read (STEPS steps, checkpoints every 2), its data and models."""
+    from train_setup import RUN, make_run_dir
 
     run_yaml = (RUN.replace("total_steps: 200", f"total_steps: {STEPS}").replace("warmup_steps: 20", "warmup_steps: 2")
                 + "checkpoint_interval: 2\n")
-    root = make_run_dir(tmp_path_factory.mktemp("paired"), run_yaml=run_yaml)
-    cfg = load_cfg(root)
-    load_golden().train(cfg, root / "golden", log=lambda *a: None)
-    train(cfg, root / "ms_out", progress=False)
-    return root / "golden" / f"checkpoint-{STEPS}", root / "ms_out" / "checkpoints" / f"checkpoint-{STEPS}"
+    return make_run_dir(tmp_path_factory.mktemp("paired"), run_yaml=run_yaml)
+
+
+def train_both(root: Path, cfg, name: str) -> tuple[Path, Path]:
+    """The golden script and `migrate train` on one config: their checkpoints at step STEPS."""
+    from migrate.train.trainer import train
+    from train_setup import load_golden
+
+    load_golden().train(cfg, root / f"golden_{name}", log=lambda *a: None)
+    train(cfg, root / f"ms_{name}", progress=False)
+    return root / f"golden_{name}" / f"checkpoint-{STEPS}", root / f"ms_{name}" / "checkpoints" / f"checkpoint-{STEPS}"
+
+
+@pytest.fixture(scope="module")
+def paired_runs(paired_root, one_torch_thread):
+    from train_setup import load_cfg
+
+    return train_both(paired_root, load_cfg(paired_root), "full")
+
+
+@pytest.fixture(scope="module")
+def lora_runs(paired_root, one_torch_thread):
+    """The same run with LoRA adapters (rank 4 on q_proj and v_proj): PEFT's adapter against adapter.ckpt."""
+
+    (paired_root / "lora.yaml").write_text((paired_root / "run.yaml").read_text() + "lora: {rank: 4, alpha: 8}\n")
+    from migrate.train.config import RunConfig
+
+    return train_both(paired_root, RunConfig.load(paired_root / "lora.yaml"), "lora")
 
 
 def golden_copy(src: Path, dst: Path, change) -> Path:
@@ -247,6 +269,22 @@ def test_a_noise_run_sets_the_bounds(paired_runs, tmp_path, capsys):
     assert first_state_divergence(report) == f"exp_avg {name}"
     entry = next(e for e in report["entries"] if e["name"] == f"exp_avg {name}")
     assert "32 × the reference's own error vs the noise run" in entry["reason"], entry["reason"]
+
+
+@pytest.mark.slow
+def test_lora_runs_compare_their_adapters(lora_runs, tmp_path, capsys):
+    golden, ms = lora_runs
+    report = verdict(tmp_path, capsys, golden, ms)
+    assert report["summary"]["passed"], report["summary"]
+    params = [e["name"] for e in report["entries"] if e["name"].startswith("param ")]
+    assert params[:2] == ["param model.layers.1.self_attn.v_proj.lora_B.weight",   # backward meets v's B first
+                          "param model.layers.1.self_attn.v_proj.lora_A.weight"]
+    assert len(params) == 2 * 2 * 2   # 2 layers x q, v x A, B
+    name = "model.layers.0.self_attn.q_proj.lora_B.weight"
+    bad = golden_copy(golden, tmp_path / "bad", lambda s: s["optimizer"]["state"][
+        golden_index(s, f"base_model.model.{name.replace('lora_B.', 'lora_B.default.')}")]["exp_avg_sq"].mul_(1.01))
+    report = verdict(tmp_path, capsys, bad, ms)
+    assert first_state_divergence(report) == f"exp_avg_sq {name}"
 
 
 @pytest.mark.slow

@@ -1,13 +1,17 @@
 """golden/train_torch.py's checkpoint-N: the HF model (save_pretrained: config.json and its weights) and
 trainer_state.pt: {"step", "optimizer" (torch AdamW built from named parameters: each group keeps its
-``param_names``), "scheduler" (LambdaLR), "scaler" (GradScaler, fp16 only)}."""
+``param_names``), "scheduler" (LambdaLR), "scaler" (GradScaler, fp16 only)}. A LoRA run's checkpoint holds
+the PEFT adapter (adapter_config.json, adapter_model.safetensors) in place of the model."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
+from migrate.lora.peft_files import CONFIG_FILE as PEFT_CONFIG
+from migrate.lora.peft_files import read_peft_adapter
 from migrate.state_diff.hf_weights import read_config, read_weights
+from migrate.state_diff.lora_names import from_peft, hf_lora_name
 from migrate.state_diff.state import LOSS_SCALE, OPTIMIZER_STEP, SCHEDULER_STEP, STEP, TrainingState
 from migrate.state_diff.torch_files import load_torch
 from migrate.state_diff.torch_optimizer import group_lr, moments_by_name, recorded_names
@@ -28,10 +32,19 @@ def read(path: Path) -> TrainingState:
     names = recorded_names(optimizer)
     if names is None:
         raise MigrateError(f"{path / STATE_FILE}: its param groups do not name their parameters")
+    lora = (path / PEFT_CONFIG).is_file()   # a LoRA run: save_pretrained wrote the PEFT adapter alone
+    if lora:
+        names = [[from_peft(n) for n in group] for group in names]
     exp_avg, exp_avg_sq, adam_step = moments_by_name(optimizer, names, path / STATE_FILE)
     scheduler, scaler = record.get("scheduler") or {}, record.get("scaler") or {}
     counters = {STEP: record.get("step"), OPTIMIZER_STEP: adam_step,
                 SCHEDULER_STEP: scheduler.get("last_epoch"), LOSS_SCALE: scaler.get("scale")}
-    return TrainingState(path, "golden", "hf", read_weights(path), exp_avg, exp_avg_sq,
+    params = _adapter(path) if lora else read_weights(path)
+    return TrainingState(path, "golden", "hf", params, exp_avg, exp_avg_sq,
                          counters={k: float(v) for k, v in counters.items() if v is not None},
-                         lr=group_lr(optimizer), config=read_config(path))
+                         lr=group_lr(optimizer), config=None if lora else read_config(path))
+
+
+def _adapter(path: Path) -> dict:
+    weights = read_peft_adapter(path).weights
+    return {hf_lora_name(m, which): ab[i] for m, ab in weights.items() for i, which in enumerate("AB")}

@@ -1,6 +1,7 @@
-"""`migrate train`'s checkpoint folder (`migrate.train.checkpoint.folder`): model.ckpt, optimizer.ckpt
-(adam_m.<param> / adam_v.<param>, the model's own names) or per-rank optimizer shards, trainer_state.json,
-rng_state.json, model.yaml; its manifest verified first. Read without MindSpore, except the shards."""
+"""`migrate train`'s checkpoint folder (`migrate.train.checkpoint.folder`): model.ckpt (a LoRA run:
+adapter.ckpt + lora.json), optimizer.ckpt (adam_m.<param> / adam_v.<param>, the model's own names) or
+per-rank optimizer shards, trainer_state.json, rng_state.json, model.yaml; its manifest verified first.
+Read without MindSpore, except the shards."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,9 @@ from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import FORMAT, STATE_FILE, verify_checkpoint
 from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.errors import MigrateError
+from migrate.lora.record import ADAPTER_FILE, LORA_FILE, read_record
 from migrate.safeyaml import load_yaml
+from migrate.state_diff.lora_names import from_record
 from migrate.state_diff.state import LOSS_SCALE, OPTIMIZER_STEP, SCHEDULER_STEP, STEP, TrainingState, rng_arrays
 from migrate.train.config import RunConfig
 from migrate.train.schedule import hf_lr
@@ -31,26 +34,29 @@ def read(path: Path) -> TrainingState:
     record = folder.json(STATE_FILE, expect=dict)
     if record.get("format") != FORMAT:
         raise MigrateError(f"{path / STATE_FILE} is not a migrate training checkpoint")
-    if (path / "adapter.ckpt").is_file():
-        raise MigrateError(f"{path} is a LoRA run's checkpoint (adapter.ckpt): training-state diff compares "
-                           "full training checkpoints only")
     config = load_yaml(folder.member(MODEL_CONFIG, MODEL_CONFIG), "model config")
     if not isinstance(config, dict):
         raise MigrateError(f"{path / MODEL_CONFIG} is not a mapping")
-    params = dict(open_ms_checkpoint(folder.member(MODEL_FILE, MODEL_FILE)).tensors())
+    lora = (path / LORA_FILE).is_file()
+    # a LoRA run saves its adapters alone, named here as the golden's PEFT adapter is (`lora_names`)
+    renamed = from_record(read_record(path)) if lora else {}
+    weights = ADAPTER_FILE if lora else MODEL_FILE
+    params = {renamed.get(n, n): a for n, a in open_ms_checkpoint(folder.member(weights, weights)).tensors()}
     moments = {"exp_avg": {}, "exp_avg_sq": {}}
     for name, array in _optimizer_tensors(path, folder).items():
         prefix = next((p for p in PREFIXES if name.startswith(p)), None)
         if prefix is not None:
-            moments[PREFIXES[prefix]][name[len(prefix):]] = array
+            bare = name[len(prefix):]
+            moments[PREFIXES[prefix]][renamed.get(bare, bare)] = array
     counters = {STEP: record.get("step"), OPTIMIZER_STEP: record.get("optimizer_step"),
                 SCHEDULER_STEP: record.get("scheduler_step"), LOSS_SCALE: _loss_scale(record.get("loss_scale"))}
     run = record.get("config") if isinstance(record.get("config"), dict) else {}
     rng = folder.json(RNG_FILE) if (path / RNG_FILE).is_file() else None
-    return TrainingState(path, "migrate train", "ms", params, moments["exp_avg"], moments["exp_avg_sq"],
+    return TrainingState(path, "migrate train", "hf" if lora else "ms", params, moments["exp_avg"],
+                         moments["exp_avg_sq"],
                          counters={k: v for k, v in counters.items() if v is not None},
                          lr=_next_lr(run, record.get("scheduler_step")), rng=rng_arrays(rng),
-                         config=config, keymap=record.get("keymap"), dtype=run.get("dtype"))
+                         config=None if lora else config, keymap=record.get("keymap"), dtype=run.get("dtype"))
 
 
 def _optimizer_tensors(path: Path, folder: InputFolder) -> dict[str, np.ndarray]:
