@@ -353,6 +353,14 @@ def test_tiny_trainer_checkpoint_against_its_mindformers_file(tiny_trainer_ckpt,
     assert "PASS · training state" in out
 
 
+def test_two_mindformers_files_take_their_config_from_the_converted_folder(tiny_trainer_ckpt, capsys):
+    ckpt, mf = tiny_trainer_ckpt
+    refused(capsys, mf, mf.with_suffix(".ckpt"), pattern="neither side records a model config: give --model DIR")
+    code, out, err = run_cli(capsys, "diff", mf, mf.with_suffix(".ckpt"), "--model", mf.parent / "converted_None")
+    assert code == 0, err + out[-1500:]
+    assert "PASS · training state" in out
+
+
 def test_the_reader_rule(tiny_trainer_ckpt, tmp_path, capsys):
     """A member linked out of the checkpoint, JSON nested past the bound: one line each."""
     ckpt, mf = tiny_trainer_ckpt

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 from migrate.judge import fmt_num
 from migrate.judge.bounds import STATE_REL
@@ -23,6 +24,7 @@ from migrate.judge.noise import noise_figures
 from migrate.judge.report import Report
 from migrate.judge.report.model import FIXED, NOISE_RUN
 from migrate.judge.thresholds import Thresholds
+from migrate.keymap import recorded_keymap
 from migrate.safeyaml import load_yaml
 from migrate.state_diff.detect import reader
 from migrate.state_diff.hf_names import (
@@ -76,10 +78,10 @@ def _plan(states: list[TrainingState], keymap: str | None, model: str | None):
         return None
     with_yaml = next((s for s in states if s.names == "ms" and s.config), None)
     if model is not None:
-        fields = load_yaml(Path(model) / "model.yaml", "model config")
+        fields = load_yaml(InputFolder(model, "model folder").member("model.yaml", "model.yaml"), "model config")
         if not isinstance(fields, dict):
             raise MigrateError(f"{Path(model) / 'model.yaml'} is not a mapping")
-        plans = [plan_for_model_yaml(fields, keymap)]
+        plans = [plan_for_model_yaml(fields, keymap or recorded_keymap(model))]
     elif with_yaml is not None:
         plans = [plan_for_model_yaml(with_yaml.config, keymap or recorded(with_yaml))]
     else:
