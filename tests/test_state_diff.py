@@ -271,6 +271,28 @@ def test_a_noise_run_sets_the_bounds(paired_runs, tmp_path, capsys):
     assert "32 × the reference's own error vs the noise run" in entry["reason"], entry["reason"]
 
 
+@pytest.fixture(scope="module")
+def fp16_runs(paired_root, one_torch_thread):
+    """The same run in fp16: autocast with a dynamic loss scale on both sides."""
+    from migrate.train.config import RunConfig
+
+    (paired_root / "fp16.yaml").write_text((paired_root / "run.yaml").read_text() + "dtype: fp16\n")
+    return train_both(paired_root, RunConfig.load(paired_root / "fp16.yaml"), "fp16")
+
+
+@pytest.mark.slow
+def test_fp16_states_pass_and_their_loss_scales_are_compared(fp16_runs, tmp_path, capsys):
+    golden, ms = fp16_runs
+    report = verdict(tmp_path, capsys, golden, ms)
+    assert report["summary"]["passed"], report["summary"]
+    assert report["run"]["dtype"] == "fp16"
+    scale = next(e for e in report["entries"] if e["name"] == "loss scale")
+    assert scale["kind"] == "counter" and scale["metrics"]["ref_text"] == "65536"
+    bad = golden_copy(golden, tmp_path / "bad", lambda s: s["scaler"].update(scale=s["scaler"]["scale"] / 2))
+    report = verdict(tmp_path, capsys, bad, ms)
+    assert first_state_divergence(report) == "loss scale"
+
+
 @pytest.mark.slow
 def test_lora_runs_compare_their_adapters(lora_runs, tmp_path, capsys):
     golden, ms = lora_runs
