@@ -12,9 +12,10 @@ from migrate.lora.peft_files import CONFIG_FILE as PEFT_CONFIG
 from migrate.lora.peft_files import read_peft_adapter
 from migrate.state_diff.hf_weights import read_config, read_weights
 from migrate.state_diff.lora_names import from_peft, hf_lora_name
+from migrate.state_diff.read_hf_trainer import trainer_names
 from migrate.state_diff.state import LOSS_SCALE, OPTIMIZER_STEP, SCHEDULER_STEP, STEP, TrainingState
 from migrate.state_diff.torch_files import load_torch
-from migrate.state_diff.torch_optimizer import group_lr, moments_by_name, recorded_names
+from migrate.state_diff.torch_optimizer import group_indices, group_lr, moments_by_name, recorded_names
 
 STATE_FILE = "trainer_state.pt"
 
@@ -29,10 +30,12 @@ def read(path: Path) -> TrainingState:
     if not isinstance(record, dict) or not isinstance(record.get("optimizer"), dict):
         raise MigrateError(f"{path / STATE_FILE} holds no optimizer state (not golden/train_torch.py's)")
     optimizer = record["optimizer"]
+    lora = (path / PEFT_CONFIG).is_file()   # a LoRA run: save_pretrained wrote the PEFT adapter alone
     names = recorded_names(optimizer)
+    if names is None and not lora:   # a torch before 2.6 saves no param_names: the golden groups as Trainer does
+        names = trainer_names(read_config(path), [len(g) for g in group_indices(optimizer, path)], path)
     if names is None:
         raise MigrateError(f"{path / STATE_FILE}: its param groups do not name their parameters")
-    lora = (path / PEFT_CONFIG).is_file()   # a LoRA run: save_pretrained wrote the PEFT adapter alone
     if lora:
         names = [[from_peft(n) for n in group] for group in names]
     exp_avg, exp_avg_sq, adam_step = moments_by_name(optimizer, names, path / STATE_FILE)

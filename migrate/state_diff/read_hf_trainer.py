@@ -61,7 +61,7 @@ def trainer_names(config: dict, sizes: list[int], path: Path) -> list[list[str]]
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     groups = [[n for n in trainable if n in decay], [n for n in trainable if n not in decay]]
     if [len(g) for g in groups] != sizes:
-        raise MigrateError(f"{path / OPTIMIZER}: its param groups hold {sizes} parameters where HF Trainer's "
+        raise MigrateError(f"{path}: the optimizer's param groups hold {sizes} parameters where HF Trainer's "
                            f"grouping of this model gives {[len(g) for g in groups]} (decayed, not decayed)")
     return groups
 
