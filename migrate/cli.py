@@ -169,7 +169,8 @@ def _inspect_arguments(p) -> None:
     p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")
 
 
-@verb("diff", "run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input",
+@verb("diff", "run HF and MindSpore side by side, or compare two training checkpoints; exit 0 aligned, 1 not, "
+              "2 bad input",
       writes=(Output("report", overwrite=None),),
       reads=("hf_dir", "ms_dir", "keymap", "adapter", "mapping", "inputs", "noise", "model",
              lambda a: code_files(a.hf_dir, a.ms_dir)))
