@@ -169,9 +169,11 @@ def _inspect_arguments(p) -> None:
     p.add_argument("path", help="a .ckpt / .safetensors file, a converted folder or an HF folder")
 
 
-@verb("diff", "run HF and MindSpore side by side; exit 0 aligned, 1 not, 2 bad input",
+@verb("diff", "run HF and MindSpore side by side, or compare two training checkpoints; exit 0 aligned, 1 not, "
+              "2 bad input",
       writes=(Output("report", overwrite=None),),
-      reads=("hf_dir", "ms_dir", "keymap", "adapter", "mapping", "inputs", lambda a: code_files(a.hf_dir, a.ms_dir)))
+      reads=("hf_dir", "ms_dir", "keymap", "adapter", "mapping", "inputs", "noise", "model",
+             lambda a: code_files(a.hf_dir, a.ms_dir)))
 def _cmd_diff(args) -> int:
     if args.list_faults:  # the faults are MindSpore cells: a diff of two dumps must not import MindSpore
         from migrate.align.model_faults import all_faults
@@ -190,7 +192,8 @@ def _cmd_diff(args) -> int:
 
 @arguments("diff")
 def _diff_arguments(p) -> None:
-    p.add_argument("hf_dir", nargs="?")
+    p.add_argument("hf_dir", nargs="?", help="an HF folder, a converted folder, a dump, module:factory, "
+                                             "or a training checkpoint (then MS_DIR is one too)")
     p.add_argument("ms_dir", nargs="?")
     p.add_argument("--src", help="family whose keymap pairs the names (default: the one conversion.json records)")
     p.add_argument("--keymap", help="path to a keymap YAML (overrides --src)")

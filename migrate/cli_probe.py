@@ -1,7 +1,7 @@
 """`migrate dump`, and `migrate diff` on any pair (an HF folder against its converted folder, dump
-folders, `module:factory`, a mapping file, statistics mode). Argument handling only:
-`migrate.probe.dumping.dump`, `migrate.align.runner.run_diff` and
-`migrate.probe.diff_any.diff_pair` do the work. Verbs declared at their handlers (`migrate.cli_verbs`)."""
+folders, `module:factory`, a mapping file, statistics mode, two training checkpoints). Argument handling
+only: `migrate.probe.dumping.dump`, `migrate.align.runner.run_diff`, `migrate.probe.diff_any.diff_pair`
+and `migrate.state_diff.compare.diff_states` do the work. Verbs declared at their handlers (`migrate.cli_verbs`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -77,6 +77,11 @@ def add_diff_options(p) -> None:
                                                      "for a side without a known table")
     p.add_argument("--stats", action="store_true", help="compare through per-tensor statistics only")
     p.add_argument("--inputs", metavar="FILE", help="token ids from migrate dump --inputs (live sides)")
+    p.add_argument("--noise", metavar="STATE", help="two training states: a third one, from a run that differs "
+                                                    "from the first only in rounding; every tensor's bound widens "
+                                                    "to K x its difference from the first")
+    p.add_argument("--model", metavar="DIR", help="two MindFormers checkpoints: the converted folder whose "
+                                                  "model.yaml describes them")
 
 
 def live_pair(args) -> bool:
@@ -101,7 +106,9 @@ def diff(args) -> int:
         ).with_cli_overrides(args.threshold or [])
 
     out = console()
-    if live_pair(args):
+    if state_pair(args):
+        report = _diff_states(args, thresholds)
+    elif live_pair(args):
         from migrate.align.runner import run_diff
 
         report = run_diff(
@@ -121,6 +128,50 @@ def diff(args) -> int:
         paths = write_report(report, Path(args.report))
         out.print(f"report: {', '.join(str(p) for p in paths.values())}")
     return report.exit_code
+
+
+_STATE_ONLY = ("noise", "model")
+_NOT_FOR_STATES = ("inject", "grads", "generate", "adapter", "text", "mapping", "stats", "inputs", "padded", "detail")
+
+
+def state_pair(args) -> bool:
+    """Two training checkpoints (`migrate.state_diff`); a training checkpoint beside something that is no
+    model either is refused with what a training checkpoint is."""
+    from migrate.state_diff.detect import reader, state_format
+
+    found = [state_format(s) for s in (args.hf_dir, args.ms_dir)]
+    if all(found):
+        return True
+    if any(found):   # a checkpoint folder beside a model is also a model (golden's, migrate train's): diff them
+        state, other = (args.hf_dir, args.ms_dir) if found[0] else (args.ms_dir, args.hf_dir)
+        if not (_is_model(state) and _is_model(other)):
+            reader(other)   # says what a training checkpoint is
+    used = [f"--{o}" for o in _STATE_ONLY if getattr(args, o, None)]
+    if used:
+        raise MigrateError(f"{', '.join(used)}: for two training checkpoints")
+    return False
+
+
+def _is_model(spec: str) -> bool:
+    from migrate.probe.sides import side_kind
+
+    try:
+        side_kind(spec)
+    except MigrateError:
+        return False
+    return True
+
+
+def _diff_states(args, thresholds):
+    """The report of two training states (`migrate.state_diff.compare`)."""
+    from migrate.state_diff.compare import diff_states
+
+    used = [f"--{o.replace('_', '-')}" for o in _NOT_FOR_STATES if getattr(args, o, None)]
+    if used:
+        raise MigrateError(f"{', '.join(used)}: not for two training checkpoints (they compare saved states, "
+                           "nothing is run)")
+    return diff_states(args.hf_dir, args.ms_dir, noise=args.noise, thresholds=thresholds,
+                       keymap=args.keymap or args.src, model=args.model)
 
 
 def _diff_any(args, thresholds):

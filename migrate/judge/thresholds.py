@@ -91,6 +91,8 @@ class Thresholds:
     grad: Bounds | None = None
     param_after_step: Bounds | None = None
     generation: Bounds | None = None
+    state: Bounds | None = None     # a training state's tensors (`migrate.state_diff`)
+    counter: Bounds | None = None   # a training state's counts, held equal
 
     def __post_init__(self):
         dt = canonical_dtype(self.dtype)

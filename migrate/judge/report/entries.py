@@ -14,8 +14,9 @@ from typing import Any
 from migrate.jsonsafe import jsonable as _jsonable
 from migrate.judge import Check, fmt_cosine, fmt_num
 
-__all__ = ["BLOCKS", "DIRECTIONS", "Entry", "Generation", "layer_of"]
+__all__ = ["BLOCKS", "DIRECTIONS", "STATE_KINDS", "Entry", "Generation", "layer_of"]
 
+STATE_KINDS = ("state", "counter")   # two training states compared (`migrate.state_diff`): named as they are
 BLOCKS = ("embedding", "attention", "mlp", "layer output", "final norm", "logits", "loss")
 DIRECTIONS = ("forward", "backward")
 
@@ -45,6 +46,13 @@ def layer_of(name: str) -> int | None:
     """Decoder-layer index in a parameter / module name ("model.layers.3.mlp.up_proj.weight" -> 3)."""
     m = _LAYER_RE.search(name)
     return int(m.group(1)) if m else None
+
+
+def first_words(entry: Entry, backward: bool) -> str:
+    """What the first failing entry of its direction is called."""
+    if entry.kind in STATE_KINDS:
+        return "first state divergence"
+    return "first gradient divergence" if backward else "first divergence"
 
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -93,6 +101,8 @@ class Entry:
             return f"grad {self.block}"
         if self.kind == "param_after_step":
             return f"param after step {self.block}"
+        if self.kind in STATE_KINDS:
+            return self.name   # "exp_avg_sq model.layers.1.mlp.down_proj.weight", "optimizer step"
         text = _BLOCK_TEXT.get(self.block, self.block)
         if self.layer is not None:
             return f"layer {self.layer} · {text}"
@@ -128,6 +138,8 @@ class Entry:
                 return f"{m['steps']} steps identical"
             text = f"differs at step {m['first_diff_step']} of {m['steps']}"
             return text if m.get("judged", True) else text + " (not judged)"
+        if self.kind == "counter" and m.get("ref_text") is not None:
+            return f"{m['ref_text']} on both sides"
         parts = []
         if m.get("cosine") is not None and self.kind != "loss":
             parts.append(f"cosine {fmt_cosine(m['cosine'])}")
@@ -143,7 +155,7 @@ class Entry:
         The full list of failing checks stays in ``reason`` (and in the tables)."""
         text = f"{self.location} · {self.headline()}"
         if first:
-            text += " — first gradient divergence" if backward else " — first divergence"
+            text += f" — {first_words(self, backward)}"
         return text
 
     def to_dict(self, index: int | None = None) -> dict:

@@ -77,12 +77,15 @@ from migrate.judge.checks import nonfinite_count, nonfinite_summary, nonfinite_t
 from migrate.judge.jsonfile import dumps
 from migrate.judge.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
 from migrate.judge.noise import TWIN, error_figures, error_ratio, noise_figures, tie_margin
-from migrate.judge.report.entries import DIRECTIONS, Entry, Generation, layer_of
+from migrate.judge.report.entries import DIRECTIONS, STATE_KINDS, Entry, Generation, layer_of
 from migrate.judge.thresholds import KINDS, Thresholds
 
 __all__ = ["SCHEMA_VERSION", "Report"]
 
 SCHEMA_VERSION = 1
+# report.reference's sources beside the float64 twin and the fallback: a training-state diff's bounds come
+# from a noise run (a third state) or are the fixed ones (`migrate.state_diff.noise`); `text` says which
+NOISE_RUN, FIXED = "noise run", "fixed"
 RESIDUAL_BLOCK = "layer output"   # a layer's output: the residual stream, whose max-abs limit carries on
 
 
@@ -152,12 +155,12 @@ class Report:
         if kind not in KINDS:
             raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
         if direction is None:
-            direction = "backward" if kind in ("grad", "param_after_step") else "forward"
+            direction = "backward" if kind in ("grad", "param_after_step", *STATE_KINDS) else "forward"
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
         if block is None:
             block = {"logits": "logits", "loss": "loss", "generation": "generation"}.get(kind, name)
-        if layer is None and kind in ("grad", "param_after_step"):
+        if layer is None and kind in ("grad", "param_after_step", *STATE_KINDS):
             layer = layer_of(name)
         metrics = dict(metrics)
         if kind == "hidden" and block == RESIDUAL_BLOCK and layer is not None and "carried" not in metrics:
@@ -265,6 +268,7 @@ class Report:
         logits = next((e for e in reversed(fwd) if e.kind == "logits"), None)
         loss = next((e for e in reversed(fwd) if e.kind == "loss"), None)
         grads = [e for e in bwd if e.kind == "grad"]
+        states = [e for e in bwd if e.kind in STATE_KINDS]
         grad_cos = [e.metrics.get("cosine") for e in grads if e.metrics.get("cosine") is not None]
         lm = logits.metrics if logits else {}
         headline = {
@@ -279,6 +283,8 @@ class Report:
             "grads": len(grads),
             "grads_failed": sum(1 for e in grads if not e.passed),
             "grad_min_cosine": min(grad_cos) if grad_cos else None,
+            "states": len(states),
+            "states_failed": sum(1 for e in states if not e.passed),
         }
         # Encoders without logits (BertModel): their final outputs stand in the headline.
         for key, name in (("last_hidden_max_abs", "last hidden state"), ("pooled_max_abs", "pooled output")):
@@ -344,6 +350,8 @@ class Report:
         if ref.get("source") == "fallback":
             return (f"bounds: the fixed ones × {ref['factor']:.3g} for this depth and width "
                     f"(no float64 reference: {ref.get('why', 'not measured')})")
+        if ref.get("source") in (NOISE_RUN, FIXED):
+            return ref.get("text")
         if ref.get("source") != TWIN or not h.get("noise_entries"):
             return None
         text = f"noise reference: {ref.get('of', self.ref_label)} in float64 on the same inputs"
@@ -431,9 +439,13 @@ class Report:
             parts.append(f"pooled output max abs {fmt_num(h['pooled_max_abs'])}")
         if h["grads"]:
             parts.append(f"grads {h['grads'] - h['grads_failed']}/{h['grads']} ok")
+        if h.get("states"):
+            parts.append(f"training state {h['states'] - h['states_failed']}/{h['states']} ok")
         source = (self.reference or {}).get("source")
         if source == TWIN and h.get("noise_entries"):
             parts.append("bounds from the float64 noise reference")
+        elif source == NOISE_RUN:
+            parts.append("bounds from the noise run")
         elif source == "fallback":
             parts.append(f"no float64 reference: fixed bounds × {self.reference['factor']:.3g} for depth and width")
         if not self.entries:

@@ -10,7 +10,7 @@ from typing import Any
 from migrate.judge import Column, Table, fmt_cosine, fmt_num, fmt_pct
 from migrate.judge.bounds import METRICS
 from migrate.judge.checks import nonfinite_side
-from migrate.judge.report.entries import Entry
+from migrate.judge.report.entries import STATE_KINDS, Entry, first_words
 from migrate.judge.table import FAIL, FIRST, OK
 from migrate.judge.thresholds import KINDS
 
@@ -39,7 +39,7 @@ def _cells(e: Entry, i: int, first: bool, backward: bool = False) -> list[str]:
         status_ok = "ok"
     status = status_ok if e.passed else f"FAIL: {e.reason}"
     if first:
-        status = ("◀ first gradient divergence · " if backward else "◀ first divergence · ") + status
+        status = f"◀ {first_words(e, backward)} · " + status
     return [str(i), e.location, e.kind, *cells, status]
 
 
@@ -49,7 +49,9 @@ def entry_tables(report: Any) -> list[Table]:
     if report.forward:
         sections.append(("Forward", report.forward, False))
     if report.backward:
-        sections.append(("Backward (gradients and parameters after one step, backward order)",
+        state = all(e.kind in STATE_KINDS for e in report.backward)
+        sections.append(("Training state (backward order: counters and scalars, then the last layers first)" if state
+                         else "Backward (gradients and parameters after one step, backward order)",
                          report.backward, True))
     tables = []
     for title, entries, backward in sections:
