@@ -113,7 +113,7 @@ def convert(
     km = resolve(keymap, raw_config)  # a family name, "auto", or a keymap file checked against the registry
     km.check_source(raw_config)
     km = km.for_source(raw_config).with_target(target)  # the architecture's variant, then the target layout
-    ms_fields = km.hf_to_ms_config(load_hf_config(src))
+    ms_fields = km.hf_to_ms_config(load_hf_config(src, km))
     ckpt = open_hf_checkpoint(src).add_prefix_if_absent(km.base_prefix)  # a base-model-only file: full names
     try:
         return _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, max_bytes, crc,

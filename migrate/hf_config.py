@@ -7,9 +7,16 @@ by any transformers version. Under transformers 4.x (4.45 on), which keeps the o
 (`join_rope`, `split_rope`); `dtype_kwargs` names the model dtype as the installed version does.
 Every load is local (``local_files_only=True``); the entry points
 (`migrate.cli`, the demos) also set HF_HUB_OFFLINE for the libraries they call, nothing at import.
+
+Importing transformers (and the torch it pulls in) costs seconds, more than a conversion's copy of a
+small model. When a keymap is given and config.json spells every field it reads, `load_hf_config`
+reads the file as JSON with transformers' own rules for what it would change (`plain_fields`); a
+config that leaves a field to a class default transformers alone knows goes through AutoConfig.
+tests/test_hf_config_plain.py holds the two ways equal, field for field, on configs of every family.
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -32,15 +39,20 @@ def read_raw_config(folder: Path) -> dict:
     return data
 
 
-def load_hf_config(folder: Path) -> dict:
+def load_hf_config(folder: Path, keymap=None) -> dict:
     """The normalised config as a plain dict (transformers' `to_dict`).
 
     A model type transformers does not know (a user's own architecture with its
-    own keymap) is read as plain JSON: there is nothing to normalise."""
+    own keymap) is read as plain JSON: there is nothing to normalise. keymap: the fields
+    it reads may come from the JSON without transformers (`plain_fields`)."""
+    raw = read_raw_config(folder)
+    if keymap is not None:
+        plain = plain_fields(raw, keymap)
+        if plain is not None:
+            return plain
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    raw = read_raw_config(folder)
     if raw.get("model_type") not in CONFIG_MAPPING:
         return raw
     try:
@@ -51,12 +63,62 @@ def load_hf_config(folder: Path) -> dict:
     return join_rope(config.to_dict()) if transformers_version() < (5, 0) else config.to_dict()
 
 
+# transformers' config rules for the fields the bundled keymaps read, where a config.json spells them
+# (configuration_llama/mistral/qwen2/gpt2/bert): a missing KV-head count is the head count, Llama's
+# missing head_dim is hidden_size / heads (Mistral's is too from 4.58 on, but 4.57 keeps None: such a
+# file goes through transformers), Qwen2's window is dropped unless use_sliding_window. Other types
+# (Gemma renames its activation) always load through AutoConfig.
+_DERIVED_HEADS = {"llama", "mistral", "qwen2"}
+PLAIN_TYPES = frozenset({"llama", "mistral", "qwen2", "gpt2", "bert"})
+
+
+def plain_fields(raw: dict, keymap) -> dict | None:
+    """config.json as transformers would normalise it, for every field `keymap` reads; a field the
+    file omits takes the keymap's `hf_defaults` for its model type (the HF config class's defaults,
+    checked against the installed transformers by tests/test_hf_config_plain.py); None where one has
+    none there (then only transformers can say what it is)."""
+    if raw.get("model_type") not in PLAIN_TYPES:
+        return None
+    fields = join_rope(raw)
+    model_type = fields["model_type"]
+    if fields.get("rope_scaling") and "rope_parameters" not in fields:
+        return None  # a scaling without its theta: transformers joins it to the class's theta
+    if model_type in _DERIVED_HEADS:
+        heads = fields.get("num_attention_heads")
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0 \
+                or not isinstance(fields.get("hidden_size"), int):
+            return None  # transformers' own checks say what is wrong
+        if fields.get("num_key_value_heads") is None:
+            fields["num_key_value_heads"] = heads
+        if fields.get("head_dim") is None and model_type == "llama":
+            fields["head_dim"] = fields["hidden_size"] // heads
+    defaults = keymap.hf_defaults.get(model_type, {})  # the config class's own, where a file omits them
+    for name in {hf_field.split(".", 1)[0] for hf_field, targets in keymap.config if targets}:
+        if name not in fields:
+            if name not in defaults:
+                return None
+            fields[name] = copy.deepcopy(defaults[name])
+    if model_type == "qwen2" and not fields.get("use_sliding_window"):
+        fields["sliding_window"] = None
+    return fields
+
+
 def write_hf_config(folder: Path, fields: dict) -> None:
-    """Write config.json through transformers so HF loads exactly what we meant."""
+    """Write config.json so that the installed transformers loads exactly what we meant: a bundled
+    family's fields as JSON in that version's spelling (`PLAIN_TYPES`: read back, they load as the file
+    transformers itself writes; tests/test_hf_config_plain.py), other known types through AutoConfig."""
+    fields = dict(fields)
+    version = installed_transformers()
+    if fields.get("model_type") in PLAIN_TYPES:
+        if version is not None and transformers_version() < (5, 0):
+            fields = split_rope(fields)
+        if version is not None:
+            fields["transformers_version"] = version
+        (Path(folder) / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
+        return
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    fields = dict(fields)
     if fields.get("model_type") not in CONFIG_MAPPING:  # a user's own architecture: plain JSON
         (Path(folder) / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
         return
@@ -67,10 +129,22 @@ def write_hf_config(folder: Path, fields: dict) -> None:
     config.save_pretrained(str(folder))
 
 
-def transformers_version() -> tuple[int, int]:
-    import transformers
+def installed_transformers() -> str | None:
+    """The transformers version: the loaded module's, else its metadata's (importing it costs seconds);
+    None when it is not installed."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
 
-    major, minor = (transformers.__version__.split(".") + ["0"])[:2]
+    if "transformers" in sys.modules:
+        return sys.modules["transformers"].__version__
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return None
+
+
+def transformers_version() -> tuple[int, int]:
+    major, minor = ((installed_transformers() or "5.0").split(".") + ["0"])[:2]
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 

@@ -37,4 +37,4 @@ def model_config_from_hf(path: Any, keymap: str = "auto") -> tuple[Keymap, Any]:
     km = resolve(keymap, raw)
     km.check_source(raw)
     km = km.for_source(raw)
-    return km, ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(folder))).config
+    return km, ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(folder, km))).config

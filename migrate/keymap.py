@@ -114,6 +114,7 @@ class Keymap:
     align: dict[str, str]
     constants: dict[str, Any]
     rename: dict[str, str] = field(default_factory=dict)   # model name template -> checkpoint name template
+    hf_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)  # model_type -> HF class defaults
     base_prefix: str = ""                      # HF base-model prefix a checkpoint may lack (GPT-2 hub files)
     variant: str | None = None                 # the architecture whose variant is applied
     target_name: str | None = None             # the applied entry of `targets`
@@ -175,6 +176,7 @@ class Keymap:
             align={k: sub(v) for k, v in (view.get("align") or {}).items() if v is not None},
             constants={k: v for k, v in (view.get("config_constants") or {}).items() if v is not None},
             rename={sub(k): sub(v) for k, v in (view.get("rename") or {}).items() if v is not None},
+            hf_defaults={t: dict(d or {}) for t, d in (view.get("hf_defaults") or {}).items()},
             base_prefix=view.get("base_prefix") or "",
             variant=variant,
             target_name=target_name,

@@ -84,7 +84,7 @@ def check_keymap(keymap: str | Path, hf_dir: str | Path, ms_model: str | None = 
     km = km.for_source(raw).with_target(target)
     model = ms_model or km.target
     # A class the user typed (ms_model) is theirs to import: trusted for this check, nothing kept after it.
-    plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir)), model,
+    plan = ConversionPlan.for_source(km, km.hf_to_ms_config(load_hf_config(hf_dir, km)), model,
                                      trust=trust or bool(ms_model))
     # A config the model cannot run, then one the keymap's rows cannot expand: refused before any file is read
     # (building each property is the check; the first that fails raises).

@@ -120,6 +120,7 @@ SECTIONS: dict[str, Callable[[str, Any], None]] = {
     "align": _mapping(_str),
     "vars": _mapping(_scalar, nullable=False),
     "rename": _mapping(_str),
+    "hf_defaults": _mapping(_mapping(None, nullable=False), nullable=False),
 }
 
 

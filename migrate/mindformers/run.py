@@ -72,7 +72,7 @@ def precheck_hf(src_dir: str | Path, keymap: str, target: str | None, seq_length
     check_layout_numbers(seq_length=seq_length, **layout)
     raw = read_raw_config(src_dir)
     km = resolve(keymap, raw).for_source(raw).with_target(target)
-    fields = km.hf_to_ms_config(load_hf_config(src_dir))
+    fields = km.hf_to_ms_config(load_hf_config(src_dir, km))
     config = LlamaConfig.from_dict({k: v for k, v in fields.items() if k != TARGET_FIELD})
     check_expressible(config, predict_seq_length(config, seq_length), km.name, target)
 
