@@ -24,13 +24,15 @@ def _sampling(args):
 
 @verb("generate", "generate text with a converted model (KV cache) or its MindIR export")
 def _cmd_generate(args) -> int:
+    from migrate.infer.compile_cache import wanted as compile_cache_wanted
     from migrate.infer.request import Options, Source, generate_text
     from migrate.ui import console
 
     sampling = _sampling(args)  # bad values: one line before any model loads
     options = Options(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_tokens=tuple(args.stop_token or ()),
                       ignore_eos=args.ignore_eos, cache=not args.no_cache, mode=args.mode, dtype=args.dtype,
-                      cache_len=args.cache_len, compare_hf=args.compare_hf)
+                      cache_len=args.cache_len, compare_hf=args.compare_hf,
+                      compile_cache=not args.no_compile_cache and compile_cache_wanted())
     if args.max_new_tokens <= 0:
         raise MigrateError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.mindir and (args.no_cache or args.cache_len):
@@ -48,7 +50,8 @@ def _cmd_generate(args) -> int:
         for row, text in enumerate(outcome.texts):
             write((f"[{row}] " if len(outcome.texts) > 1 else "") + text + "\n")
     gen = outcome.generation
-    out.print(f"{gen.tokens.shape[0]} × {gen.steps} tokens ({sampling.describe()}; {outcome.path}) · "
+    cache = f"; compile cache {outcome.compile_cache}" if options.compile_cache else ""
+    out.print(f"{gen.tokens.shape[0]} × {gen.steps} tokens ({sampling.describe()}; {outcome.path}{cache}) · "
               f"{gen.timing_line()}", highlight=False)
     if outcome.comparison is not None:
         out.print(f"vs HF generate: {outcome.comparison.line()}", highlight=False)
@@ -75,6 +78,9 @@ def _generate_arguments(p) -> None:
     p.add_argument("--no-cache", action="store_true", help="the full forward every step (the path without a cache)")
     p.add_argument("--cache-len", type=POSITIVE_INT, metavar="L", help="cache slots (default: prompt + max new tokens)")
     p.add_argument("--mode", choices=["graph", "pynative"], default="graph", help="MindSpore execution mode")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile the graphs afresh and keep nothing (default: reuse this model's and shape's "
+                        "graphs from ~/.cache/migrate/compile; MIGRATE_COMPILE_CACHE=off, MIGRATE_CACHE_DIR)")
     p.add_argument("--dtype", choices=NAMES, help="compute dtype (default: model.yaml's)")
     p.add_argument("--compare-hf", metavar="HF_DIR",
                    help="run HF generate with the same settings; exit 1 if tokens or per-step logits differ")

@@ -6,6 +6,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("GLOG_v", "3")  # MindSpore: errors only
+# `migrate generate` keeps compiled graphs in ~/.cache; the suite calls it in-process, where MindSpore
+# honours one cache path per process (migrate/infer/compile_cache.py): tests/test_compile_cache.py
+# turns it on in processes of its own.
+os.environ.setdefault("MIGRATE_COMPILE_CACHE", "off")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402

@@ -17,6 +17,7 @@ import numpy as np
 from migrate.dtype_names import PRECISIONS, canonical_dtype
 from migrate.errors import MigrateError
 from migrate.infer.batch import Batch, make_batch
+from migrate.infer.compile_cache import CACHE_BUCKET, PREFILL_BUCKET, bucketed, cache_root, compile_cache, fingerprint
 from migrate.infer.generate import Generation, check_lengths, generate
 from migrate.infer.sampling import Sampling
 from migrate.infer.sizes import check_generation_memory
@@ -42,6 +43,8 @@ class Options:
     dtype: str | None = None             # fp32 | bf16 | fp16; None: model.yaml's
     cache_len: int | None = None         # default: longest prompt + max_new_tokens
     compare_hf: str | Path | None = None
+    compile_cache: bool = False          # MindSpore's compile cache, one folder per model and shape
+                                         # (`migrate.infer.compile_cache`; the CLI's default)
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Outcome:
     texts: list[str]
     path: str                            # what ran: "KV cache, GRAPH_MODE", "MindIR", ...
     comparison: object | None = None     # compare_hf.HFComparison
+    compile_cache: str = "off"           # hit | stored | off (and why)
 
 
 def generate_text(source: Source, *, texts=(), ids=(), options: Options,
@@ -87,9 +91,13 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     prompt_pad = getattr(tokenizer, "pad_token_id", None)
     batch = make_batch(prompts, prompt_pad if prompt_pad is not None else pad, vocab)
     rows = batch.size
+    cached_compile = spec is None and options.compile_cache and options.cache and options.mode == "graph"
+    prefill_len = batch.prompt_len
     if spec is None:
         _check_live_options(options)
         cache_len = options.cache_len or batch.prompt_len + max(options.max_new_tokens, 1)
+        if cached_compile:  # shapes that repeat from run to run, so the cached graphs serve the next one
+            prefill_len, cache_len = _bucketed_shapes(batch.prompt_len, options, cache_len)
         check_lengths(batch, options.max_new_tokens, cache_len)  # before the model loads
         flag = f"--cache-len {cache_len:,}" if options.cache_len else \
             f"prompt + --max-new-tokens {options.max_new_tokens:,} ({cache_len:,} slots)"
@@ -99,11 +107,13 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     from migrate.models.mode import execution_mode
 
     # MindSpore's mode is process-wide: held while the runner loads and runs, the caller's put back after.
-    with execution_mode("graph" if spec is not None else options.mode):
+    cache_folder = _compile_cache_folder(fields, options, batch.size, prefill_len, cache_len) if cached_compile \
+        else None
+    with execution_mode("graph" if spec is not None else options.mode), compile_cache(cache_folder) as cache_state:
         if spec is not None:
             runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
         else:
-            runner, path = _live_runner(folder, batch, options, cache_len, trust)
+            runner, path = _live_runner(folder, batch, options, cache_len, trust, prefill_len)
         stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
         on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
         result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
@@ -111,7 +121,8 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     if stream is not None:
         stream.close()
     result = result.rows(rows, stops)
-    outcome = Outcome(result, [decode(tokenizer, row) for row in result.tokens], path)
+    outcome = Outcome(result, [decode(tokenizer, row) for row in result.tokens], path,
+                      compile_cache=cache_state if cache_folder is not None else "off")
     if options.compare_hf is not None:
         outcome.comparison = _compare(options, fields, result, Batch(batch.sequences[:rows], batch.mask[:rows],
                                                                       batch.pad_id), stops, pad)
@@ -125,15 +136,32 @@ def _check_live_options(options: Options) -> None:
         raise MigrateError(f"unknown dtype {options.dtype!r}; choose from {', '.join(PRECISIONS)}")
 
 
-def _live_runner(folder: Path, batch: Batch, options: Options, cache_len: int, trust: bool = False):
-    """The converted model as a runner, in the mode the caller holds (`options.mode`)."""
+def _bucketed_shapes(prompt_len: int, options: Options, cache_len: int) -> tuple[int, int]:
+    """(prefill length, cache slots) rounded up to the compile cache's buckets; a --cache-len the
+    user gave is kept, and the prompt padded only as far as it leaves room for the new tokens."""
+    prefill = bucketed(prompt_len, PREFILL_BUCKET)
+    if options.cache_len:
+        return (prefill if prefill + options.max_new_tokens <= cache_len else prompt_len), cache_len
+    return prefill, bucketed(prefill + max(options.max_new_tokens, 1), CACHE_BUCKET)
+
+
+def _compile_cache_folder(fields: dict, options: Options, batch: int, prefill_len: int, cache_len: int) -> Path:
+    dtype = options.dtype or canonical_dtype(fields.get("compute_dtype", "float32"))
+    return cache_root() / fingerprint(fields, dtype=dtype, runner="kv_cache", batch=batch, prefill_len=prefill_len,
+                                      cache_len=cache_len)
+
+
+def _live_runner(folder: Path, batch: Batch, options: Options, cache_len: int, trust: bool = False,
+                 prefill_len: int | None = None):
+    """The converted model as a runner, in the mode the caller holds (`options.mode`); prefill_len:
+    the static prompt length (the longest prompt, or a compile-cache bucket), left-padded to."""
     from migrate.infer.runners import CachedRunner, UncachedRunner
     from migrate.models.loading import load_model
 
     model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None,
                           trust=trust)
     kind = CachedRunner if options.cache else UncachedRunner
-    runner = kind(model, batch.size, batch.prompt_len, cache_len)
+    runner = kind(model, batch.size, prefill_len or batch.prompt_len, cache_len)
     mode = "GRAPH_MODE" if options.mode == "graph" else "PyNative"
     return runner, (f"KV cache, {mode}" if options.cache else f"no cache (full forward each step), {mode}")
 
