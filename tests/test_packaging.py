@@ -43,6 +43,7 @@ def test_an_installed_wheel_has_the_keymaps_and_the_golden_script(tmp_path):
         assert Path(found[key]).resolve().is_relative_to(site.resolve()), (key, found[key])
     assert found["family"] == "hf_llama"
     assert (site / "migrate" / "keymaps" / "hf_llama.yaml").is_file()
+    assert (site / "migrate" / "train" / "kernels" / "adamw.cc").is_file()  # built on first use from here
 
 
 def test_a_command_whose_framework_is_not_installed_names_the_extra(tmp_path, monkeypatch, capsys):

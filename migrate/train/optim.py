@@ -73,6 +73,44 @@ class _AdamWUpdate(nn.Cell):
                               grads, self.exp_avg, self.exp_avg_sq, self.use_decay)
 
 
+class _FusedAdamWUpdate(nn.Cell):
+    """`_AdamWUpdate` through one fused CPU kernel per tensor (migrate/train/kernels/adamw.cc): the
+    same operations in the same order, so the same bits, in one pass over memory instead of fourteen."""
+
+    def __init__(self, params, exp_avg, exp_avg_sq, use_decay, fused):
+        super().__init__(auto_prefix=False)
+        self.params = params
+        self.exp_avg = exp_avg
+        self.exp_avg_sq = exp_avg_sq
+        self.flags = tuple(Tensor(np.float32(1.0 if use else 0.0)) for use in use_decay)
+        self.count = len(params)
+        self.fused = fused
+
+    def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps):
+        done = ()  # one entry per tensor, after its assigns, as _AdamWUpdate's HyperMap returns
+        for i in range(self.count):
+            scalars = ops.stack((decays[i], w1, b2, w2, neg_step, bc2_sqrt, eps, self.flags[i]))
+            p, m, v = self.fused(self.params[i], grads[i].astype(F32), self.exp_avg[i], self.exp_avg_sq[i], scalars)
+            m = ops.assign(self.exp_avg[i], m)
+            v = ops.assign(self.exp_avg_sq[i], v)
+            done = done + (ops.depend(ops.assign(self.params[i], p), (m, v)),)
+        return done
+
+
+def _update_cell(params, exp_avg, exp_avg_sq, use_decay, fused: bool | None):
+    """The fused update where the kernel is there and every tensor is fp32 (fused None: if it can be
+    had), else the op-by-op graph; and which one it is."""
+    from migrate.train.kernels import adamw_op
+
+    op = adamw_op() if fused is not False and all(p.dtype == F32 for p in params) else None
+    if fused and op is None:
+        raise MigrateError("the fused AdamW kernel is not available here (no C++ compiler, a failed build, or "
+                           "not on CPU)")
+    if op is None:
+        return _AdamWUpdate(params, exp_avg, exp_avg_sq, use_decay), False
+    return _FusedAdamWUpdate(params, exp_avg, exp_avg_sq, use_decay, op), True
+
+
 class AdamW:
     """torch.optim.AdamW on MindSpore Parameters (see the module docstring).
 
@@ -81,7 +119,8 @@ class AdamW:
     gradients in the order of `self.parameters`.
     """
 
-    def __init__(self, groups, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, bias_correction: bool = True):
+    def __init__(self, groups, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, bias_correction: bool = True,
+                 fused: bool | None = None):
         groups = [g for g in groups if g["params"]]
         if not groups:
             raise MigrateError("the optimizer got no parameters")
@@ -102,7 +141,8 @@ class AdamW:
                                           for p in params])
         self.step_count = 0
         use_decay = tuple(self.param_groups[g]["weight_decay"] != 0 for g in self._group_of)
-        self._update = _AdamWUpdate(self.parameters, self.exp_avg, self.exp_avg_sq, use_decay)
+        # fused: the one-pass CPU kernel (None: where it can be had; the same bits either way)
+        self._update, self.fused = _update_cell(self.parameters, self.exp_avg, self.exp_avg_sq, use_decay, fused)
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
