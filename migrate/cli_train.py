@@ -76,6 +76,13 @@ def _cmd_compare(args) -> int:
         console().print(f"plot: {args.plot}")
     if args.json:
         write_json(result, args.json)
+    if not result.passed:
+        from migrate.replay.runs import replay_command
+
+        command = replay_command(args.golden, args.ms)
+        if command is not None:  # the last line: where to look next
+            console().print(f"to see which tensor parts first: {command}", markup=False, highlight=False,
+                            soft_wrap=True)
     return result.exit_code
 
 
@@ -105,10 +112,10 @@ def _compare_arguments(p) -> None:
       reads=("golden", "ms", "config", lambda a: run_yaml_paths(a.config)))
 def _cmd_replay(args) -> int:
     from migrate.judge.report import print_table, write_report
-    from migrate.replay import replay
+    from migrate.replay.replaying import replay
     from migrate.ui import console
 
-    result = replay(args.golden, args.ms, step=args.step, config=args.config)
+    result = replay(args.golden, args.ms, step=args.step, config=args.config, mode=args.mode)
     out = console()
     print_table(result.report, out)
     for note in result.notes:
@@ -128,6 +135,9 @@ def _replay_arguments(p) -> None:
     p.add_argument("--step", type=POSITIVE_INT,
                    help="the optimizer step to replay (default: the first step migrate compare flags)")
     p.add_argument("--config", help="run.yaml (default: the config the MindSpore run recorded)")
+    p.add_argument("--mode", choices=["graph", "pynative"],
+                   help="MindSpore execution mode of the replayed step (default: the run's; pynative skips the "
+                        "graph compile, the same cells op by op)")
     p.add_argument("--report", metavar="DIR", help="write report.json, report.md, report.html there")
 
 

@@ -7,8 +7,8 @@ checkpoints with recording hooks, compared in the order the step computes it.
 - `golden_side` / `ms_side`: load a side's state and run ITS step code once (golden/train_torch.py's
   `optimizer_step`, the MindSpore trainer's `MindSporeRecipe.step`), recorded;
 - `judging`: the two recordings paired through the keymap and judged, stage by stage, into a
-  `migrate diff` report, and the line naming the first quantity that parts.
-"""
-from migrate.replay.replaying import ReplayResult, replay
+  `migrate diff` report, and the line naming the first quantity that parts;
+- `replaying`: `replay(golden_run, ms_run, step=None)`, the whole of it.
 
-__all__ = ["ReplayResult", "replay"]
+Nothing is imported here: `migrate compare` reads `runs.replay_command` without loading a framework.
+"""

@@ -47,8 +47,8 @@ class Item:
 
 def judge_step(dtype: str, plan, names: list, golden: StepRecording, ms: StepRecording, forward: list,
                max_norm: float | None, inv_scales=(1.0, 1.0)) -> tuple[Report, list[Item]]:
-    """(the report, every item in step order). names: the MindSpore trainable parameters in the optimizer's
-    order; plan: the run's ConversionPlan; forward: `probe.live.Compared` of micro-batch 1."""
+    """(the report, every item in step order). names: the MindSpore trained parameters in the model's
+    order (embedding first); plan: the run's ConversionPlan; forward: `probe.live.Compared` of micro-batch 1."""
     report = Report(dtype=dtype, inputs="the rows of the replayed step (run order)", ref_label="golden",
                     got_label="MindSpore")
     items: list[Item] = []

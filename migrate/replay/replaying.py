@@ -43,8 +43,11 @@ class ReplayResult:
         return 0 if self.first is None else 1
 
 
-def replay(golden_run, ms_run, step: int | None = None, config=None) -> ReplayResult:
+def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str | None = None) -> ReplayResult:
+    """mode: MindSpore's execution mode for the replayed step (None: the one the run trained in)."""
     plan = plan_replay(golden_run, ms_run, step, config)
+    if mode is not None:
+        plan.mode = mode
     cfg = plan.cfg
     if cfg.lora is not None:
         raise MigrateError("migrate replay does not replay LoRA runs yet")
@@ -59,7 +62,8 @@ def replay(golden_run, ms_run, step: int | None = None, config=None) -> ReplayRe
         forward = _forward(cfg, golden, training, golden_rows(cfg, plan.step))
         g_rec = golden_step(cfg, golden, plan.step)
         m_rec = ms.step(plan.step)
-        names = [p.name for p in training.optimizer.parameters]
+        trained = {p.name for p in training.optimizer.parameters}
+        names = [p.name for p in training.model.trainable_params() if p.name in trained]  # the model's order
         report, items = judge_step(cfg.dtype, training.plan, names, g_rec, m_rec, forward, cfg.max_grad_norm,
                                    inv_scales)
     finally:

@@ -8,9 +8,11 @@ have written one.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from migrate.compare import compare_runs
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
 from migrate.run_protocol import state as run_state
@@ -69,18 +71,17 @@ def at_step(plan: ReplayPlan, step: int, why: str | None = None) -> ReplayPlan:
 
 def first_flagged(golden_run: Path, ms_run: Path) -> tuple[int, str]:
     """(step, why): the first step `migrate compare` finds out of tolerance on the two runs."""
-    from migrate.compare import compare_runs
-
     result = compare_runs(golden_run, ms_run)
     if result.passed:
         raise MigrateError(f"migrate compare passes {golden_run} against {ms_run}: no step to replay "
                            "(give --step N to replay one anyway)")
-    steps = [c.step for c in result.failed if c.step is not None]
-    steps += [min(s) for s in result.fail_steps.values() if s]
+    steps = [c.step for c in result.failed if c.step is not None]  # each rule's first step out
+    if not steps:  # a rule over the whole run (mean): the first step it lists
+        steps = [min(s) for s in result.fail_steps.values() if s]
     if not steps:
         raise MigrateError(f"migrate compare fails ({result.first_failure.key}) but names no step: give --step N")
     step = min(steps)
-    rules = sorted({c.key for c in result.failed if c.step == step or step in result.fail_steps.get(c.key, ())})
+    rules = sorted({c.key for c in result.failed if c.step == step})
     return step, f"step {step}, the first migrate compare flags ({', '.join(rules) or result.first_failure.key})"
 
 
@@ -90,6 +91,22 @@ def _checkpoint(folder: Path, side: str, run: Path, step: int, cfg: RunConfig) -
     saved = sorted(int(p.name.split("-")[1]) for p in (folder.parent.glob("checkpoint-*"))
                    if p.name.split("-")[1].isdigit())
     have = f"its checkpoints are at steps {', '.join(map(str, saved))}" if saved else "it has no checkpoint"
+    every = cfg.checkpoint_interval
+    if every and (step - 1) % every == 0:
+        why = f"checkpoint_interval {every} writes one there: keep_checkpoints {cfg.keep_checkpoints} pruned it, " \
+              f"or it was removed"
+    else:
+        why = f"checkpoint_interval is {every or 'off'}: a checkpoint_interval that divides {step - 1} (1 does) " \
+              f"would have written it"
     raise MigrateError(f"replaying step {step} needs the {side} state after step {step - 1} and {run} has none "
-                       f"({have}; checkpoint_interval is {cfg.checkpoint_interval}): a checkpoint_interval that "
-                       f"divides {step - 1} (1 does) would have written it")
+                       f"({have}); {why}")
+
+
+def replay_command(golden, ms) -> str | None:
+    """The `migrate replay` command for two runs `compare` failed, or None when either run folder has no
+    checkpoint to replay from (a metrics.jsonl given stands for the folder holding it)."""
+    folders = [Path(p).parent if Path(p).is_file() else Path(p) for p in (golden, ms)]
+    golden_dir, ms_dir = folders
+    if not (any(golden_dir.glob("checkpoint-*")) and any((ms_dir / "checkpoints").glob("checkpoint-*"))):
+        return None
+    return f"migrate replay {shlex.quote(str(golden_dir))} {shlex.quote(str(ms_dir))}"

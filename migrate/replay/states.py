@@ -35,7 +35,8 @@ def first_parting_state(cfg, plan, golden_state, ms_checkpoint: Path) -> str | N
     report = Report(dtype=cfg.dtype, ref_label="golden", got_label="MindSpore")
     for key, kind in (("parameter", "param_after_step"), ("exp_avg", "grad"), ("exp_avg_sq", "grad")):
         ref = plan.in_model_names(golden[key])
-        for name in reversed([n for n in ms["exp_avg"] if n in ref]):  # the trained tensors, lm_head first
+        trained = [n for n in plan.expected if n in ms["exp_avg"] and n in ref]  # in the model's order
+        for name in reversed(trained):  # lm_head first
             got = ms[key].get(name)
             if got is None:
                 continue

@@ -137,7 +137,7 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
         groups = param_groups(model, cfg, plan, knobs.decay_rule)
     optimizer = AdamW(groups, lr=opt.lr, betas=knobs.betas, eps=knobs.eps, bias_correction=knobs.bias_correction)
     micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor,
-                      grad_factors=last_layer_factors(optimizer.parameters, model_config, knobs.last_layer_grad_factor))
+                      grad_factors=head_factors(optimizer.parameters, knobs.head_grad_factor))
     scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
     clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
     schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift, lag=knobs.lr_lag)
@@ -145,13 +145,15 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
                       knobs.decay_rule, lora=lora)
 
 
-def last_layer_factors(params, model_config, factor: float) -> tuple[float, ...] | None:
-    """Per parameter, the factor its gradient is multiplied by (fault `layer_grad_scale`): `factor` for the
-    last decoder layer's parameters, 1 for the others; None when the factor is 1 (no fault)."""
+def head_factors(params, factor: float) -> tuple[float, ...] | None:
+    """Per parameter, the factor its gradient is multiplied by (fault `head_grad_scale`): `factor` for the
+    LM head (the input embedding where the two are tied: no head of its own), 1 for the others; None when
+    the factor is 1 (no fault)."""
     if factor == 1.0:
         return None
-    last = f"layers.{model_config.num_layers - 1}."
-    return tuple(factor if last in p.name else 1.0 for p in params)
+    names = [p.name for p in params]
+    target = "lm_head." if any("lm_head." in n for n in names) else "embedding"
+    return tuple(factor if target in n else 1.0 for n in names)
 
 
 # ---------- throughput ----------

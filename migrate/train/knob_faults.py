@@ -62,9 +62,10 @@ TRAIN_FAULTS: dict[str, TrainFault] = {f.name: f for f in (
                lambda k: replace(k, betas=(k.betas[0], faulty_beta2(k.betas[1])))),
     TrainFault("lr_late", "lr schedule one optimizer step late (step s uses the lr of step s - 1)", "lr",
                lambda k: replace(k, lr_lag=k.lr_lag + 1)),
-    TrainFault("layer_grad_scale", "the last decoder layer's gradients multiplied by 1.01 in the backward "
-                                   "(a fault at the micro-step's gradient seam)", "gradients",
-               lambda k: replace(k, last_layer_grad_factor=1.01)),
+    TrainFault("head_grad_scale", "one layer's gradient multiplied by 1.01 in the backward: the LM head's (the "
+                                  "tied embedding's where the model ties them), a fault at the micro-step's "
+                                  "gradient seam", "gradients",
+               lambda k: replace(k, head_grad_factor=1.01)),
 )}
 _SPEC = re.compile(r"^(?P<name>[a-z_0-9]+)(?:@(?P<start>\d+))?$")
 

@@ -25,7 +25,7 @@ class TrainingKnobs:
     warmup_shift: int        # optimizer steps added to the configured warmup
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     lr_lag: int = 0          # optimizer steps the schedule runs late (step s uses the lr of step s - lr_lag)
-    last_layer_grad_factor: float = 1.0  # the last decoder layer's gradients times this in the backward
+    head_grad_factor: float = 1.0  # the LM head's gradient times this in the backward (fault only)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> TrainingKnobs:
