@@ -48,7 +48,7 @@ out_dir: {golden: golden, ms: ms_out}
 # fault spec -> (the step replayed, the stage that parts first, what the line names)
 FAULTS = {
     "beta2@3": (3, "moments", "exp_avg_sq of lm_head.weight parts first"),
-    "decay_biases@3": (3, "parameters", "updated model.norm.weight parts first"),
+    "decay_biases@3": (3, "parameters", "update of model.norm.weight parts first"),
     "clip_no_eps@2": (3, "clip", "clip factor parts first"),
     "lr_late@3": (3, "lr", "lr of the step parts first"),
     "no_accum_scaling@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first"),

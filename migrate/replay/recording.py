@@ -22,6 +22,7 @@ class StepRecording:
     lr: float | None = None                         # the lr AdamW stepped with
     moments: dict = field(default_factory=dict)     # "exp_avg" | "exp_avg_sq" -> name -> array, after the step
     params: dict = field(default_factory=dict)      # name -> array, after the step
+    params_before: dict = field(default_factory=dict)  # name -> array, before it (set by the replay)
     skipped: bool = False
     forward: list = field(default_factory=list)     # `probe.live.Compared` of micro-batch 0's forward (set by judging)
 

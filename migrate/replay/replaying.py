@@ -60,8 +60,11 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
         inv_scales = (1.0 / g_scaler.get_scale() if g_scaler is not None else 1.0,
                       1.0 / training.scaler.scale if training.scaler is not None else 1.0)
         forward = _forward(cfg, golden, training, golden_rows(cfg, plan.step))
+        g_before = {n: p.detach().float().numpy().copy() for n, p in g_model.named_parameters() if p.requires_grad}
+        m_before = {p.name: p.asnumpy().astype(np.float32) for p in training.optimizer.parameters}
         g_rec = golden_step(cfg, golden, plan.step)
         m_rec = ms.step(plan.step)
+        g_rec.params_before, m_rec.params_before = g_before, m_before
         trained = {p.name for p in training.optimizer.parameters}
         names = [p.name for p in training.model.trainable_params() if p.name in trained]  # the model's order
         report, items = judge_step(cfg.dtype, training.plan, names, g_rec, m_rec, forward, cfg.max_grad_norm,
