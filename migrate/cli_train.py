@@ -111,20 +111,16 @@ def _compare_arguments(p) -> None:
                 "a quantity parts", writes=(Output("report", overwrite=None),),
       reads=("golden", "ms", "config", lambda a: run_yaml_paths(a.config)))
 def _cmd_replay(args) -> int:
-    from migrate.judge.report import print_table, write_report
+    from migrate.judge.report import write_report
     from migrate.replay.replaying import replay
+    from migrate.replay.terminal import print_replay
     from migrate.ui import console
 
     result = replay(args.golden, args.ms, step=args.step, config=args.config, mode=args.mode)
-    out = console()
-    print_table(result.report, out)
-    for note in result.notes:
-        out.print(f"note: {note}", markup=False, highlight=False)
     if args.report:
         paths = write_report(result.report, args.report)
-        out.print(f"report: {', '.join(str(p) for p in paths.values())}", markup=False, highlight=False)
-    out.print(result.line, markup=False, highlight=False, style="red" if result.exit_code else "green",
-              soft_wrap=True)
+        result.notes.append(f"report (every tensor): {', '.join(str(p) for p in paths.values())}")
+    print_replay(result, console())
     return result.exit_code
 
 

@@ -99,8 +99,7 @@ def _first_parting_step(plan: ReplayPlan, walk: bool) -> tuple[ReplayPlan, list[
                          f"replay step {before} or earlier to see where")
             break
         try:
-            earlier = at_step(plan, before, f"step {before}: compare flags step {plan.step}, "
-                                            f"whose starting states already part ({parting})")
+            earlier = at_step(plan, before, f"step {before} (walked back from step {plan.step})")
         except MigrateError as exc:
             raise MigrateError(f"the states saved after step {before} already part ({parting}), and "
                                f"step {before} cannot be replayed: {exc}") from None
