@@ -126,6 +126,7 @@ def test_a_step_before_the_fault_replays_clean_in_graph_mode(root, capsys, tmp_p
                          "parameters)")
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert report["run"]["extra"]["step"] == 2 and report["summary"]["passed"] is True
+    assert report["run"]["extra"]["verdict"] == {"passed": True, "first": None, "line": text[text.rfind("step 2:"):]}
     grads = [e for e in report["entries"] if e["kind"] == "grad" and "after micro-batch 2" in e["name"]]
     assert grads and all(e["passed"] for e in grads)
 

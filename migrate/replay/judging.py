@@ -36,7 +36,7 @@ FP32_ULP = 2.0 ** -23     # the clip factor is an fp32 number: its rounding, tim
 # gradient near zero into a move of up to lr whichever way its rounding falls, so single elements of a correct
 # step differ by 3e-4 of the peak (measured: the test model's embedding at step 2); a fault moves the whole
 # tensor (decayed norms: cosine 0.23) or scales it (no bias correction: x0.2 at step 3).
-UPDATE_BOUNDS = {"fp32": (1e-2, 0.9999), "low": (5e-2, 0.999)}
+UPDATE_BOUNDS = {"fp32": (1e-2, 0.9999), "low": (1e-1, 0.99)}
 
 
 @dataclass
@@ -66,7 +66,7 @@ def judge_step(dtype: str, plan, names: list, golden: StepRecording, ms: StepRec
     for c in forward:
         if c.kind == "loss":
             continue  # the model's own loss on its own labels; the step's loss is judged below
-        entry = report.add(c.name, c.ref, c.got, kind=c.kind, layer=c.layer, block=c.block or c.kind)
+        entry = report.add(c.name, c.ref, c.got, kind=c.kind, layer=c.layer, block=c.block or c.kind, exact=c.exact)
         items.append(_item("forward", entry.location, entry))
     for m, (a, b) in enumerate(zip(golden.losses, ms.losses, strict=True)):
         entry = report.add(f"loss, micro-batch {m + 1}", np.array(a), np.array(b), kind="loss")

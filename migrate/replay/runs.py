@@ -49,7 +49,7 @@ def plan_replay(golden_run, ms_run, step: int | None = None, config=None) -> Rep
         raise MigrateError(f"{ms_run} has no {HPARAMS} with the run config: give --config run.yaml")
     why = f"step {step}, as asked"
     if step is None:
-        step, why = first_flagged(golden_run, ms_run)
+        step, why = first_flagged(golden_run, ms_run, cfg.dtype)
     if not 1 <= step <= cfg.total_steps:
         raise MigrateError(f"step {step} is outside the run's steps 1..{cfg.total_steps}")
     return at_step(ReplayPlan(cfg, golden_run, ms_run, step, why, None, None, tuple(hparams.get("faults") or ())), step)
@@ -69,9 +69,10 @@ def at_step(plan: ReplayPlan, step: int, why: str | None = None) -> ReplayPlan:
     return ReplayPlan(cfg, golden_run, ms_run, step, why or plan.why, golden_ckpt, ms_ckpt, faults, mode)
 
 
-def first_flagged(golden_run: Path, ms_run: Path) -> tuple[int, str]:
-    """(step, why): the first step `migrate compare` finds out of tolerance on the two runs."""
-    result = compare_runs(golden_run, ms_run)
+def first_flagged(golden_run: Path, ms_run: Path, dtype: str = "fp32") -> tuple[int, str]:
+    """(step, why): the first step `migrate compare` finds out of tolerance on the two runs, with the run's
+    dtype's default bounds (no noise run: in bf16 / fp16 give --step where compare needed --noise)."""
+    result = compare_runs(golden_run, ms_run, dtype=dtype)
     if result.passed:
         raise MigrateError(f"migrate compare passes {golden_run} against {ms_run}: no step to replay "
                            "(give --step N to replay one anyway)")
