@@ -42,12 +42,14 @@ import inspect
 import json
 import math
 import os
+import pickle
 import random
 import shutil
 import sys
 import time
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 if not __package__:  # run as a script from the checkout: `migrate` lies beside golden/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -468,61 +470,22 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
         hparams["throughput"] = basis
     (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    autocast = AUTOCAST[cfg.dtype]
     run_log = RunLog(out, cfg, echo=log, watch=build_health_watch(cfg))
     prof = profile_for(profile)  # off: no clock, no fields
     reference = _step1_reference(cfg, model, params, samples, order, scaler, log)  # before the clock starts
     start, tokens = time.perf_counter(), 0
     with contextlib.closing(run_log):
         for step in range(cfg.total_steps):
-            step_start, step_tokens = time.perf_counter(), 0
+            step_start = time.perf_counter()
             prof.begin()
-            scheduled = [g["lr"] for g in optimizer.param_groups]
-            if faults.lr_factor(step + 1) != 1.0:
-                for g in optimizer.param_groups:
-                    g["lr"] *= faults.lr_factor(step + 1)
-            lr = optimizer.param_groups[0]["lr"]  # what this step's optimizer.step() uses
-            losses = []
-            for micro in range(cfg.grad_accum_steps):
-                with prof.phase("data"):
-                    rows = torch.from_numpy(np.asarray(samples[order[step, micro]], dtype=np.int64))
-                with prof.phase("fwd_bwd"):
-                    with _autocast(autocast):
-                        loss = micro_loss(model, rows)
-                    scaled = loss / cfg.grad_accum_steps
-                    (scaler.scale(scaled) if scaler else scaled).backward()
-                    losses.append(loss.item())
-                step_tokens += rows[:, 1:].numel()
-            tokens += step_tokens
-            if faults.poison_grad(step + 1):  # before unscale_, so that fp16's scaler sees it
-                with torch.no_grad():
-                    next(p for p in params if p.grad is not None).grad.view(-1)[0] = float("nan")
-            with prof.phase("clip"):
-                if scaler:
-                    scaler.unscale_(optimizer)  # clip and log the true gradient norm
-                grads = [p.grad for p in params if p.grad is not None]
-                if cfg.max_grad_norm:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                    clipped_norm = torch.nn.utils.get_total_norm(grads)  # measured on the clipped tensors
-                else:
-                    grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
-            scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
-            step_loss = sum(losses) / len(losses)
-            verdict = run_log.health.step(StepFacts(step + 1, _finite(step_loss), _finite(float(grad_norm)),
-                                                    lr, scale), losses, order[step])
-            if verdict.action == "continue":
-                with prof.phase("optimizer"):
-                    skipped = _optimizer_step(optimizer, scaler)
-            else:  # the health policy skips (or stops at) this step: no optimizer, no scheduler step
-                skipped = True
-                if scaler:
-                    scaler.update()  # the scale moves as on any step (unscale_ recorded the overflow, if any)
-            if not skipped:
-                scheduler.step()
-            else:
-                for g, scheduled_lr in zip(optimizer.param_groups, scheduled, strict=True):
-                    g["lr"] = scheduled_lr  # an injected lr factor must not outlive its step
-            optimizer.zero_grad(set_to_none=True)
+            done = optimizer_step(model, optimizer, scheduler, scaler, cfg, step, params=params,
+                                  read=lambda micro, step=step: batch_rows(samples, order, step, micro),
+                                  decide=lambda facts, losses, step=step: run_log.health.step(facts, losses,
+                                                                                              order[step]),
+                                  faults=faults, prof=prof)
+            tokens += done.step_tokens
+            step_loss, lr, grad_norm, clipped_norm = done.loss, done.lr, done.grad_norm, done.clipped_norm
+            scale, skipped, verdict, step_tokens = done.scale, done.skipped, done.verdict, done.step_tokens
             now = time.perf_counter()
             record = step_record(step + 1, step_loss, lr, float(grad_norm), float(clipped_norm), tokens=tokens,
                                  step_tokens=step_tokens, step_seconds=now - step_start, run_seconds=now - start,
@@ -539,6 +502,132 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     if profile:
         log(format_breakdown(run_log.metrics.records(), "golden PyTorch step time"))
     return out
+
+
+class StepDone(NamedTuple):
+    """What one golden optimizer step did (`optimizer_step`). A NamedTuple, not a dataclass: tests
+    load this file without registering it as a module, which dataclasses need."""
+
+    loss: float            # mean of the micro-batch losses
+    losses: list
+    lr: float              # the lr optimizer.step() used
+    grad_norm: float       # total norm before clipping (unscaled)
+    clipped_norm: float    # measured on the clipped gradients
+    scale: float | None    # fp16: the loss scale this step's backward used
+    skipped: bool
+    verdict: object        # the health watch's
+    step_tokens: int
+
+
+def batch_rows(samples, order, step: int, micro: int) -> torch.Tensor:
+    """Micro-batch `micro` of optimizer step `step` (0-based): the rows run_order gives it."""
+    return torch.from_numpy(np.asarray(samples[order[step, micro]], dtype=np.int64))
+
+
+def optimizer_step(model, optimizer, scheduler, scaler, cfg: RunConfig, step: int, *, params, read, decide,
+                   faults=None, prof=None, observe=None) -> StepDone:
+    """Optimizer step step + 1 (`step` 0-based), the one `train` runs in its loop: every micro-batch's
+    forward and backward (loss / grad_accum_steps, scaled in fp16), unscale, clip_grad_norm_, the
+    health watch's decision, AdamW and the scheduler step, gradients zeroed.
+
+    read(micro) gives a micro-batch's rows; decide(StepFacts, losses) is the health watch's
+    verdict. observe (`migrate replay`): an object told what the step computes as it goes --
+    ``micro(index, loss, grads)`` after each backward (the accumulated gradients, scaled in fp16),
+    ``clipped(grad_norm, clipped_norm, grads)`` after clipping, ``stepped(lr, moments, params)``
+    after the optimizer step; gradients and parameters by name, as numpy float32 (float64 kept)."""
+    faults = faults if faults is not None else parse_step_faults(())
+    prof = prof if prof is not None else profile_for(False)
+    named = [(n, p) for g in optimizer.param_groups for n, p in zip(g["param_names"], g["params"], strict=True)]
+    scheduled = [g["lr"] for g in optimizer.param_groups]
+    if faults.lr_factor(step + 1) != 1.0:
+        for g in optimizer.param_groups:
+            g["lr"] *= faults.lr_factor(step + 1)
+    lr = optimizer.param_groups[0]["lr"]  # what this step's optimizer.step() uses
+    autocast, losses, step_tokens = AUTOCAST[cfg.dtype], [], 0
+    for micro in range(cfg.grad_accum_steps):
+        with prof.phase("data"):
+            rows = read(micro)
+        with prof.phase("fwd_bwd"):
+            with _autocast(autocast):
+                loss = micro_loss(model, rows)
+            scaled = loss / cfg.grad_accum_steps
+            (scaler.scale(scaled) if scaler else scaled).backward()
+            losses.append(loss.item())
+        step_tokens += rows[:, 1:].numel()
+        if observe is not None:
+            observe.micro(micro, losses[-1], _named_arrays((n, p.grad) for n, p in named if p.grad is not None))
+    if faults.poison_grad(step + 1):  # before unscale_, so that fp16's scaler sees it
+        with torch.no_grad():
+            next(p for p in params if p.grad is not None).grad.view(-1)[0] = float("nan")
+    with prof.phase("clip"):
+        if scaler:
+            scaler.unscale_(optimizer)  # clip and log the true gradient norm
+        grads = [p.grad for p in params if p.grad is not None]
+        if cfg.max_grad_norm:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            clipped_norm = torch.nn.utils.get_total_norm(grads)  # measured on the clipped tensors
+        else:
+            grad_norm = clipped_norm = torch.nn.utils.get_total_norm(grads)
+    if observe is not None:
+        observe.clipped(float(grad_norm), float(clipped_norm),
+                        _named_arrays((n, p.grad) for n, p in named if p.grad is not None))
+    scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
+    step_loss = sum(losses) / len(losses)
+    verdict = decide(StepFacts(step + 1, _finite(step_loss), _finite(float(grad_norm)), lr, scale), losses)
+    if verdict.action == "continue":
+        with prof.phase("optimizer"):
+            skipped = _optimizer_step(optimizer, scaler)
+    else:  # the health policy skips (or stops at) this step: no optimizer, no scheduler step
+        skipped = True
+        if scaler:
+            scaler.update()  # the scale moves as on any step (unscale_ recorded the overflow, if any)
+    if observe is not None:
+        state = optimizer.state
+        moments = {key: _named_arrays((n, state[p][key]) for n, p in named if key in state.get(p, {}))
+                   for key in ("exp_avg", "exp_avg_sq")}
+        observe.stepped(lr, moments, _named_arrays((n, p) for n, p in named), skipped)
+    if not skipped:
+        scheduler.step()
+    else:
+        for g, scheduled_lr in zip(optimizer.param_groups, scheduled, strict=True):
+            g["lr"] = scheduled_lr  # an injected lr factor must not outlive its step
+    optimizer.zero_grad(set_to_none=True)
+    return StepDone(step_loss, losses, lr, float(grad_norm), float(clipped_norm), scale, skipped, verdict,
+                    step_tokens)
+
+
+def _named_arrays(pairs) -> dict:
+    """name -> a numpy copy (float32, or float64 as it is) of each tensor."""
+    out = {}
+    for name, t in pairs:
+        t = t.detach()
+        out[name] = (t if t.dtype == torch.float64 else t.float()).numpy().copy()
+    return out
+
+
+def load_checkpoint(cfg: RunConfig, folder: str | Path):
+    """(model, optimizer, scheduler, scaler, step) as `train` left them after writing `folder`
+    (a checkpoint-N of its run): the weights save_pretrained wrote, the optimizer, scheduler and
+    fp16 scaler state of trainer_state.pt. The next step `optimizer_step` runs is step + 1 (0-based: step).
+    Dropout RNG is not saved: a run with dropout does not replay its masks."""
+    folder = Path(folder)
+    state_file = folder / "trainer_state.pt"
+    if not (folder / "config.json").is_file() or not state_file.is_file():
+        raise MigrateError(f"{folder} is not a golden checkpoint (config.json and trainer_state.pt)")
+    model = build_model(cfg.replace(hf_model=folder))
+    optimizer, scaler = build_optimizer(model, cfg), build_scaler(cfg)
+    scheduler = build_scheduler(optimizer, cfg)
+    try:
+        state = torch.load(state_file, map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None:
+            scaler.load_state_dict(state["scaler"])
+        step = int(state["step"])
+    except (KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise MigrateError(f"{state_file} does not fit this run: {why}") from None
+    return model, optimizer, scheduler, scaler, step
 
 
 def _step1_reference(cfg: RunConfig, model, params, samples, order, scaler, log) -> dict:

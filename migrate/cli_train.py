@@ -76,6 +76,13 @@ def _cmd_compare(args) -> int:
         console().print(f"plot: {args.plot}")
     if args.json:
         write_json(result, args.json)
+    if not result.passed:
+        from migrate.replay.runs import replay_command
+
+        command = replay_command(args.golden, args.ms)
+        if command is not None:  # the last line: where to look next
+            console().print(f"to see which tensor parts first: {command}", markup=False, highlight=False,
+                            soft_wrap=True)
     return result.exit_code
 
 
@@ -98,6 +105,36 @@ def _compare_arguments(p) -> None:
                    help="fp32: how far (x the first steps' level) the loss rel diff may stay on one side (default 10)")
     p.add_argument("--hparams", nargs=2, metavar=("GOLDEN", "MS"),
                    help="the two runs' effective_hparams.json (default: the files beside each metrics.jsonl)")
+
+
+@verb("replay", "one optimizer step of both runs from their checkpoints, compared stage by stage; exit 1 where "
+                "a quantity parts", writes=(Output("report", overwrite=None),),
+      reads=("golden", "ms", "config", lambda a: run_yaml_paths(a.config)))
+def _cmd_replay(args) -> int:
+    from migrate.judge.report import write_report
+    from migrate.replay.replaying import replay
+    from migrate.replay.terminal import print_replay
+    from migrate.ui import console
+
+    result = replay(args.golden, args.ms, step=args.step, config=args.config, mode=args.mode)
+    if args.report:
+        paths = write_report(result.report, args.report)
+        result.notes.append(f"report (every tensor): {', '.join(str(p) for p in paths.values())}")
+    print_replay(result, console())
+    return result.exit_code
+
+
+@arguments("replay")
+def _replay_arguments(p) -> None:
+    p.add_argument("golden", help="the golden run folder (metrics.jsonl, checkpoint-N/)")
+    p.add_argument("ms", help="the MindSpore run folder (metrics.jsonl, checkpoints/checkpoint-N/)")
+    p.add_argument("--step", type=POSITIVE_INT,
+                   help="the optimizer step to replay (default: the first step migrate compare flags)")
+    p.add_argument("--config", help="run.yaml (default: the config the MindSpore run recorded)")
+    p.add_argument("--mode", choices=["graph", "pynative"],
+                   help="MindSpore execution mode of the replayed step (default: the run's; pynative skips the "
+                        "graph compile, the same cells op by op)")
+    p.add_argument("--report", metavar="DIR", help="write report.json, report.md, report.html there")
 
 
 group("keymap", "work with keymaps", dest="keymap_command")
@@ -151,7 +188,8 @@ def _cmd_train(args) -> int:
                            pp=args.pp, micro_batches=args.micro_batches, optimizer_shard=args.optimizer_shard,
                            cluster=Cluster(args.nodes, args.node_rank, args.master_addr, args.master_port),
                            echo=lambda line: out.print(line, markup=False, highlight=False, soft_wrap=True),
-                           step_faults=args.step_fault or (), profile=args.profile, trust=args.trust_model_class)
+                           step_faults=args.step_fault or (), profile=args.profile, trust=args.trust_model_class,
+                           faults=args.fault or ())
     written = ("metrics.jsonl, checkpoints/" if RunConfig.load(args.config).checkpoint_interval
                else "metrics.jsonl; checkpoint_interval is 0")
     out.print(f"[green]trained[/] -> {run_dir} ({written})")
@@ -170,6 +208,9 @@ def _train_arguments(p) -> None:
                         "separate graphs (same numbers), not as the one graph a plain run may use")
     p.add_argument("--step-fault", action="append", metavar="KIND@STEP[-LAST]",
                    help="rehearse the health watch: nan_grad or lr_x100 at those steps (golden: the same flag)")
+    p.add_argument("--fault", action="append", metavar="NAME[@STEP]",
+                   help="inject a porting fault on the MindSpore side from that optimizer step on (for rehearsing "
+                        "compare and replay; names in migrate.train.knob_faults, e.g. beta2@3)")
     g = p.add_argument_group("parallel (more than one process: started through MindSpore's msrun)")
     g.add_argument("--dp", type=int, default=1,
                    help="data-parallel ranks (the config's micro batch is per rank)")

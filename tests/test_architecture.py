@@ -33,7 +33,7 @@ LAYERS = [
     ("judge", ["migrate.judge", "migrate.compare"]),  # compare: the curve judge for `migrate compare`
     ("tools", ["migrate.align", "migrate.parallel", "migrate.train", "migrate.mindformers", "migrate.probe",
                "migrate.state_diff",
-               "migrate.infer"]),
+               "migrate.infer", "migrate.replay"]),
     # Processes of their own: the command line, the demo, msrun's worker, the memory probe the
     # planner runs in a clean interpreter (its lazy imports are what it measures).
     ("entry points", ["migrate.cli", "migrate.cli_verbs", "migrate.cli_args", "migrate.cli_train", "migrate.cli_lora",

@@ -55,6 +55,9 @@ CAUGHT_BY = {
     "warmup_off_by_one": ("lr", 2),
     "no_accum_scaling": ("grad_max", 1),
     "clip_no_eps": ("clip", None),
+    "beta2": ("mean", None),                 # AdamW's second moment: the updates, hence the loss
+    "lr_late": ("lr", 2),                    # step 2 steps with step 1's lr (0 in warmup)
+    "head_grad_scale": ("grad_mean", None),  # AdamW is blind to a tensor's scale; the norm is not
 }
 
 

@@ -136,7 +136,8 @@ def _run(**changes):
     for key, value in changes.items():
         setattr(cfg.health if key == "policy" else cfg, key, value)
     params = [SimpleNamespace(shape=(1000, 1000))]
-    return SimpleNamespace(cfg=cfg, scaler=None, model=SimpleNamespace(get_parameters=lambda: iter(params)))
+    return SimpleNamespace(cfg=cfg, scaler=None, model=SimpleNamespace(get_parameters=lambda: iter(params)),
+                           micro=SimpleNamespace(grad_factors=None))
 
 
 @pytest.mark.parametrize("change, why", [
@@ -148,6 +149,8 @@ def _run(**changes):
     ({"profile": True}, "--profile"),
     ({"grad_accum_steps": 9}, "9 micro-batches"),
     ({"big": True}, "40 M parameters"),
+    ({"observed": True}, "a replay observes"),
+    ({"grad_factors": (1.0, 1.01)}, "an injected gradient fault"),
 ])
 def test_one_graph_only_where_no_host_decision_can_intervene(change, why):
     training = _run(**{k: v for k, v in change.items() if k in ("policy", "grad_accum_steps")})
@@ -155,6 +158,8 @@ def test_one_graph_only_where_no_host_decision_can_intervene(change, why):
         training.scaler = change["scaler"]
     if "big" in change:
         training.model = SimpleNamespace(get_parameters=lambda: iter([SimpleNamespace(shape=(40_000, 1000))]))
+    if "grad_factors" in change:
+        training.micro.grad_factors = change["grad_factors"]
     reasons = one_graph_refusals(training, **{k: v for k, v in change.items() if k in ("parallel", "poisons",
-                                                                                       "profile")})
+                                                                                       "profile", "observed")})
     assert reasons == [] if why is None else (len(reasons) == 1 and why in reasons[0])

@@ -72,6 +72,7 @@ def command(verb: str, r: Path) -> tuple[list, Path]:
         "data tokenize": (["data", "tokenize", r / "text.txt", "--tokenizer", hf, "--seq-length", "16",
                            "--out", "{out}"], hf),
         "compare": (["compare", run, run, "--plot", "{plot}", "--json", "{json}"], run),
+        "replay": (["replay", run, run, "--report", "{report}"], run),
         "train": (["train", "--config", r / "run.yaml", "--out", "{out}"], ms),
         "ckpt merge": (["ckpt", "merge", run, "{out}"], run),
         "vocab resize": (["vocab", "resize", ms, "{out_dir}", "--to", "400", "--hf", hf, "{hf}"], ms),
@@ -147,8 +148,8 @@ def test_declarations_name_real_arguments(tmp_path):
 
 def test_the_walk_covers_every_writing_verb():
     assert set(WRITERS) == {"convert", "export", "diff", "lora export", "lora import", "lora merge",
-                            "mindformers-config", "dump", "report", "data tokenize", "compare", "train",
-                            "ckpt merge", "vocab resize"}
+                            "mindformers-config", "dump", "report", "data tokenize", "compare", "replay",
+                            "train", "ckpt merge", "vocab resize"}
 
 
 # ---------- the walk: each output, onto each input ----------

@@ -10,6 +10,7 @@ model outputs both sides return, by HF's output names.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +80,10 @@ def _outputs(side: Side, recording: MemoryRecording) -> dict[str, str]:
 
 
 def paired_forward(ref: Side, got: Side, inputs, *, num_layers: int, detail: bool,
-                   twin: bool = False) -> Iterator[Compared]:
+                   twin: bool = False, ref_context=contextlib.nullcontext) -> Iterator[Compared]:
     """Record `ref` and `got` on `inputs` (and `ref`'s float64 twin with `twin`), pair them by
-    their block tables, and yield every compared tensor in forward order."""
+    their block tables, and yield every compared tensor in forward order. ref_context: entered
+    around `ref`'s own forward only (a training run's autocast), not around its twin's."""
     wanted = {}
     for which, side in (("ref", ref), ("got", got)):
         if not side.align:
@@ -92,7 +94,8 @@ def paired_forward(ref: Side, got: Side, inputs, *, num_layers: int, detail: boo
             missing = sorted(wanted[which] - known)
             if missing:
                 raise MigrateError(f"HF model has no module {missing[0]} (keymap align table)")
-    ref_rec = record_forward(ref, inputs, wanted["ref"])
+    with ref_context():
+        ref_rec = record_forward(ref, inputs, wanted["ref"])
     got_rec = record_forward(got, inputs, wanted["got"])
     exact_rec = None
     if twin:

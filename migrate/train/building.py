@@ -135,13 +135,25 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
         groups = lora_param_groups(model, lora, cfg, knobs.decay_rule)
     else:
         groups = param_groups(model, cfg, plan, knobs.decay_rule)
-    optimizer = AdamW(groups, lr=opt.lr, betas=opt.betas, eps=knobs.eps, bias_correction=knobs.bias_correction)
-    micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor)
+    optimizer = AdamW(groups, lr=opt.lr, betas=knobs.betas, eps=knobs.eps, bias_correction=knobs.bias_correction)
+    micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor,
+                      grad_factors=head_factors(optimizer.parameters, knobs.head_grad_factor))
     scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
     clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
-    schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift)
+    schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift, lag=knobs.lr_lag)
     return MSTraining(cfg, model, model_config, plan, micro, optimizer, clipper, schedule, scaler, faults,
                       knobs.decay_rule, lora=lora)
+
+
+def head_factors(params, factor: float) -> tuple[float, ...] | None:
+    """Per parameter, the factor its gradient is multiplied by (fault `head_grad_scale`): `factor` for the
+    LM head (the input embedding where the two are tied: no head of its own), 1 for the others; None when
+    the factor is 1 (no fault)."""
+    if factor == 1.0:
+        return None
+    names = [p.name for p in params]
+    target = "lm_head." if any("lm_head." in n for n in names) else "embedding"
+    return tuple(factor if target in n else 1.0 for n in names)
 
 
 # ---------- throughput ----------

@@ -165,6 +165,20 @@ def golden_knobs(cfg: RunConfig) -> dict:
     return knobs
 
 
+AS_BACKWARD = "as the backward gives them"
+
+
+def gradient_seam(training) -> str:
+    """What the MindSpore micro-step does to each gradient before accumulating it, read from its live
+    factors (`MicroStep.grad_factors`; a fault's, never a real run's)."""
+    factors = training.micro.grad_factors
+    if factors is None:
+        return AS_BACKWARD
+    names = [p.name for p in training.optimizer.parameters]
+    scaled = [f"{n} x {float(f.asnumpy()):g}" for n, f in zip(names, factors, strict=True) if float(f.asnumpy()) != 1.0]
+    return ", ".join(scaled) or AS_BACKWARD
+
+
 def ms_knobs(cfg: RunConfig, faults=(), trust: bool = False) -> tuple[dict, Any]:
     from mindspore.nn.utils import no_init_parameters
 
@@ -191,6 +205,7 @@ def ms_knobs(cfg: RunConfig, faults=(), trust: bool = False) -> tuple[dict, Any]
         "num_training_steps": sched.num_training_steps,
         "lr": sched.table(cfg.total_steps),
         "health": HealthWatch.for_run(cfg).describe(),
+        "gradients": gradient_seam(training),
     }
     if training.scaler is not None:
         s = training.scaler
@@ -270,6 +285,8 @@ def hparams_report(cfg: RunConfig, faults=(), *, trust: bool = False) -> Hparams
                           g["grad_accum_steps"] == m["grad_accum_steps"]))
     rows.append(HparamRow("loss_divisor", g["loss_divisor"], m["loss_divisor"], g["loss_divisor"] == m["loss_divisor"],
                           "each micro-batch loss is divided by this before backward"))
+    rows.append(HparamRow("gradients", AS_BACKWARD, m["gradients"], m["gradients"] == AS_BACKWARD,
+                          "what the micro-step does to the gradients the backward hands it"))
     if "loss_scale" in g or "loss_scale" in m:
         rows.append(HparamRow("loss_scale", g.get("loss_scale"), m.get("loss_scale"),
                               g.get("loss_scale") == m.get("loss_scale"),

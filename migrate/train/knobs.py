@@ -23,8 +23,12 @@ class TrainingKnobs:
     loss_divisor: int        # micro-batch losses are divided by it before backward
     clip_eps: float          # added to the total norm in the clip coefficient
     warmup_shift: int        # optimizer steps added to the configured warmup
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    lr_lag: int = 0          # optimizer steps the schedule runs late (step s uses the lr of step s - lr_lag)
+    head_grad_factor: float = 1.0  # the LM head's gradient times this in the backward (fault only)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> TrainingKnobs:
         return cls(eps=cfg.optimizer.eps, bias_correction=True, decay_rule="hf",
-                   loss_divisor=cfg.grad_accum_steps, clip_eps=TORCH_CLIP_EPS, warmup_shift=0)
+                   loss_divisor=cfg.grad_accum_steps, clip_eps=TORCH_CLIP_EPS, warmup_shift=0,
+                   betas=tuple(cfg.optimizer.betas))

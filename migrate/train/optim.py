@@ -248,13 +248,15 @@ class GradClipper:
 class LrSchedule:
     """The HF schedule of the run config as `lr(i)`: i = LambdaLR's index (optimizer steps done).
 
-    `warmup_shift` moves the warmup length (fault injection only).
+    `warmup_shift` moves the warmup length, `lag` makes the schedule run that many steps late
+    (fault injection only).
     """
 
-    def __init__(self, cfg: RunConfig, warmup_shift: int = 0):
+    def __init__(self, cfg: RunConfig, warmup_shift: int = 0, lag: int = 0):
         hf = cfg.hf_schedule()
         self.hf: HFSchedule = dataclasses.replace(hf, num_warmup_steps=hf.num_warmup_steps + warmup_shift)
         self.base_lr = float(cfg.optimizer.lr)
+        self.lag = int(lag)
 
     name = property(lambda self: self.hf.name)
     num_warmup_steps = property(lambda self: self.hf.num_warmup_steps)
@@ -262,7 +264,7 @@ class LrSchedule:
     kwargs = property(lambda self: dict(self.hf.kwargs))
 
     def lr(self, index: int) -> float:
-        return float(hf_lr(index, self.hf, self.base_lr))
+        return float(hf_lr(max(index - self.lag, 0), self.hf, self.base_lr))
 
     def table(self, steps: int | None = None) -> list[float]:
         return [self.lr(i) for i in range(self.num_training_steps if steps is None else steps)]

@@ -16,6 +16,7 @@ from migrate.errors import MigrateError
 from migrate.train.building import trainable_model_config
 from migrate.train.checkpoint.folder import open_checkpoint
 from migrate.train.config import RunConfig
+from migrate.train.knob_faults import check_faults
 from migrate.train.launch.cluster import Cluster
 from migrate.train.launch.msrun import launch
 from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
@@ -34,12 +35,13 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
                  mode: str = "graph", dp: int = 1, mp: int = 1, pp: int = 1, micro_batches: int = 1,
                  optimizer_shard: bool = False, cluster: Cluster = Cluster(),
                  echo: Callable[[str], None] = print, step_faults=(), profile: bool = False,
-                 trust: bool = False) -> Path:
+                 trust: bool = False, faults=()) -> Path:
     """Train the run.yaml at `config`; returns the run folder. `echo` gets the batch line
     and, with several processes, rank 0's progress lines. profile: the step-time breakdown
     (`migrate.train.step.profile`), logged and printed at the end. trust: the converted folder's
     model class may be imported even if migrate does not bundle it (`--trust-model-class`); msrun's
-    workers get it through the environment their launcher builds (`launch`)."""
+    workers get it through the environment their launcher builds (`launch`). faults: injected porting
+    faults (`migrate.train.knob_faults`, NAME or NAME@STEP), for rehearsing compare and replay."""
     cfg = RunConfig.load(config)
     if out is not None:  # the run folder never is, holds or lies inside what the run reads
         check_apart(out, (config, cfg.data, cfg.eval_data, cfg.hf_model, cfg.ms_model, cfg.out_dir.golden))
@@ -50,16 +52,19 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
                       "adapters wrap")
     if step_faults and (layout.devices > 1 or cluster.nodes > 1):
         errors.append("--step-fault rehearses the health watch in one process; drop --dp/--mp/--pp/--nodes")
+    faults = check_faults(faults)
+    if faults and (layout.devices > 1 or cluster.nodes > 1):
+        errors.append("--fault injects a porting fault in one process; drop --dp/--mp/--pp/--nodes")
     if errors:
         raise MigrateError("\n".join(errors))  # one line per broken rule
     out_dir = Path(out) if out is not None else cfg.out_dir.ms
     echo(layout.batch_line(cfg.seq_length))
     refuse_unsupported(layout)
     if resume is not None:
-        check_resumable(open_checkpoint(resume), cfg, (), layout)  # before any process starts
+        check_resumable(open_checkpoint(resume), cfg, faults, layout)  # before any process starts
     if layout.devices == 1 and cluster.nodes == 1:
         return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults, profile=profile,
-                     trust=trust)
+                     trust=trust, faults=faults)
     result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile,
                     trust=trust)
     if result.code != 0:

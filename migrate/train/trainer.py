@@ -119,7 +119,7 @@ from migrate.train.checkpoint.folder import (
 from migrate.train.checkpoint.shards import layout_record, slice_table, write_optimizer_shard
 from migrate.train.config import RunConfig
 from migrate.train.health.watch import StepFacts
-from migrate.train.knob_faults import check_faults
+from migrate.train.knob_faults import check_faults, faults_at
 from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.parallel_setup import wire_parallel
@@ -169,8 +169,9 @@ class MindSporeRecipe:
     """One MindSpore training run: setup / resume / step / save, and the loop over them (`train`)."""
 
     def __init__(self, cfg: RunConfig, out_dir=None, *, mode: str = "graph", faults=(), peak_flops=None, log=None,
-                 parallel=None, step_faults=(), profile: bool = False, trust: bool = False):
+                 parallel=None, step_faults=(), profile: bool = False, trust: bool = False, observe=None):
         self.cfg, self.mode, self.parallel, self.profile = cfg, mode, parallel, profile
+        self.observe = observe  # `migrate replay`: told what each step computes (`optimizer_step.SplitSteps`)
         self.trust = trust  # `--trust-model-class`, until `build_training` puts it on the run's plan
         self.faults = check_faults(faults)
         self.step_faults = parse_step_faults(step_faults)
@@ -199,7 +200,8 @@ class MindSporeRecipe:
         if self.writer:
             remove_partials(self.out)  # a killed run's half-written checkpoint
         _seed_everything(cfg.seed)
-        self.training = training = build_training(cfg, self.faults, trust=self.trust)
+        first = (checkpoint.step if checkpoint is not None else 0) + 1
+        self.training = training = build_training(cfg, faults_at(self.faults, first), trust=self.trust)
         if parallel is not None:
             wire_parallel(training, parallel)
         previous = self.resume(checkpoint) if checkpoint is not None else []
@@ -210,6 +212,7 @@ class MindSporeRecipe:
         out = self.out if self.writer else None
         if out is not None:
             hparams = effective_hparams(training, self.peak)
+            hparams["faults"] = list(self.faults)  # with the step each starts at (NAME@STEP)
             if parallel is not None:
                 hparams["parallel"] = parallel.describe()
             (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
@@ -217,8 +220,7 @@ class MindSporeRecipe:
         self.run_log = RunLog(out, cfg, echo=self.log, health_echo=self.health_echo, start=self.position.step,
                               previous=previous)
         # After wire_parallel: pp swaps the micro-step. One graph per step where no host decision can intervene.
-        self.graphs = step_graphs(training, parallel=parallel, poisons=bool(self.step_faults.steps.get("nan_grad")),
-                                  profile=self.profile)
+        self.graphs = self._graphs()
         self.eval_step = PreShiftedLMLoss(training.model) if self.eval_rows is not None else None
         self.batches = micro_batches(data_cfg, self.position.step, self.order,
                                      shard=parallel.data_shard if parallel is not None else (1, 0))
@@ -226,6 +228,26 @@ class MindSporeRecipe:
         self.prof = profile_for(self.profile, None if ms.get_context("device_target") == "CPU"
                                 else ms.runtime.synchronize)
         self.run_start = time.perf_counter() - self.position.elapsed
+
+    def _graphs(self):
+        return step_graphs(self.training, self.observe, parallel=self.parallel,
+                           poisons=bool(self.step_faults.steps.get("nan_grad")), profile=self.profile)
+
+    def faults_from(self, step: int) -> None:
+        """Before optimizer step `step` (1-based): a fault that starts there (NAME@STEP) rebuilds the
+        live objects with it on, carrying parameters, moments, step count and loss scale over."""
+        wanted = faults_at(self.faults, step)
+        old = self.training
+        if wanted == old.faults:
+            return
+        if self.parallel is not None:
+            raise MigrateError("a training fault that starts at a later step runs in one process")
+        new = build_training(self.cfg, wanted, model=old.model, model_config=old.model_config, trust=self.trust)
+        new.optimizer.load_state_dict(old.optimizer.state_dict())
+        if old.scaler is not None:
+            new.scaler.load_state_dict(old.scaler.state_dict())
+        self.training = new
+        self.graphs = self._graphs()
 
     def resume(self, checkpoint) -> list[str]:
         """Load `checkpoint` into the live objects and the position; returns its metrics lines."""
@@ -361,6 +383,7 @@ class MindSporeRecipe:
         with _progress_bar(progress and self.writer, cfg.total_steps, self.position.step) as bar, \
                 contextlib.closing(self.run_log):
             for step in range(self.position.step, last):
+                self.faults_from(step + 1)
                 record, verdict = self.step(step)
                 self.run_log.step(record, verdict)
                 bar(step + 1, record)

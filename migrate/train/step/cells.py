@@ -7,6 +7,7 @@ The trainer (`migrate.train.trainer`), evaluation and the parallel wiring
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, nn, ops
 from mindspore.common.initializer import initializer
 
@@ -32,10 +33,14 @@ def _accumulate_one(acc, grad):
 class MicroStep(nn.Cell):
     """One micro-batch: returns its loss and adds d(loss / loss_divisor * scale)/d params into
     `grads`, fp32 Parameters zeroed after each optimizer step (`optimizer_step.ClipAndStep`).
-    In place: a tuple of gradients returned per micro-batch costs a graph output per parameter."""
+    In place: a tuple of gradients returned per micro-batch costs a graph output per parameter.
+    grad_factors (fault injection only, `knob_faults`): each gradient times its factor as the
+    backward hands it over (`adjust`); None, as every real run has it, adds nothing to the graph."""
 
-    def __init__(self, model, params, loss_divisor: int):
+    def __init__(self, model, params, loss_divisor: int, grad_factors=None):
         super().__init__(auto_prefix=False)
+        self.grad_factors = None if grad_factors is None else tuple(
+            ms.Tensor(np.float32(f)) for f in grad_factors)
         self.model = model
         self.vocab_size = model.vocab_size
         self.loss_divisor = loss_divisor
@@ -50,9 +55,15 @@ class MicroStep(nn.Cell):
         loss = causal_lm_loss(logits, targets, self.vocab_size)
         return loss / self.loss_divisor * scale, loss
 
+    def adjust(self, grads):
+        """The backward seam: the gradients as the step goes on with them (the fault's factors applied)."""
+        if self.grad_factors is None:
+            return grads
+        return self.hyper_map(ops.mul, grads, self.grad_factors)
+
     def construct(self, input_ids, targets, scale):
         (_, loss), grads = self.grad_fn(input_ids, targets, scale)
-        return ops.depend(loss, self.hyper_map(_accumulate, self.grads, grads))
+        return ops.depend(loss, self.hyper_map(_accumulate, self.grads, self.adjust(grads)))
 
 
 class PreShiftedLMLoss(nn.Cell):

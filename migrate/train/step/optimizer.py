@@ -37,8 +37,10 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
+import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.common.initializer import initializer
 
 from migrate.errors import MigrateError
 
@@ -150,13 +152,13 @@ class OptimizerStep:
     `optimizer.parameters`.
     """
 
-    def __init__(self, clipper, optimizer, grads):
+    def __init__(self, clipper, optimizer, grads, update=None):
         self.clipper = clipper
         self.optimizer = optimizer
         self.grads = grads
         clip = clipper.max_norm is not None
         self.norm_cell = GradNorm(grads, clipper.unscale)
-        self.step_cell = ClipAndStep(grads, clipper.unscale, clip, optimizer.update)
+        self.step_cell = ClipAndStep(grads, clipper.unscale, clip, update or optimizer.update)
         self._skip_cell = None   # built on the first skipped step
         self._finite_cell = None  # built on the first fp16 step whose norm is not finite
         self._inv_scale = self._total = None
@@ -232,6 +234,23 @@ class WholeStep(nn.Cell):
         return ops.depend(ops.stack(losses), done), total, clipped  # the update's assigns are part of the output
 
 
+class TappedUpdate(nn.Cell):
+    """AdamW's update cell with a recording tap on its input: the clipped gradients it is handed are
+    copied into `taps` (Parameters) as the update reads them. Only a replayed step uses it
+    (`SplitSteps(observe=...)`); the update itself is the optimizer's own cell, unchanged."""
+
+    def __init__(self, update, params):
+        super().__init__(auto_prefix=False)
+        self.update_cell = update
+        self.taps = ParameterTuple([Parameter(initializer("zeros", p.shape, ms.float32), name="replay_tap." + p.name,
+                                              requires_grad=False) for p in params])
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps):
+        tapped = self.hyper_map(ops.assign, self.taps, grads)
+        return ops.depend(self.update_cell(grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps), tapped)
+
+
 class StepGraphs(Protocol):
     """What the trainer's loop calls on a step implementation (`SplitSteps`, `OneGraphStep`)."""
 
@@ -252,13 +271,28 @@ class SplitSteps:
     """The step as micro-steps (one graph each, into the accumulators) and `OptimizerStep`'s two
     graphs, the host deciding between them: what every run can use."""
 
-    def __init__(self, training):
+    def __init__(self, training, observe=None):
         self.micro = training.micro
-        self.update = OptimizerStep(training.clipper, training.optimizer, training.micro.grads)
+        self.optimizer = training.optimizer
+        self.tap = TappedUpdate(training.optimizer.update, training.optimizer.parameters) \
+            if observe is not None else None
+        self.update = OptimizerStep(training.clipper, training.optimizer, training.micro.grads, self.tap)
+        self.observe = observe  # `migrate replay`'s recorder, told each seam's values (see golden's optimizer_step)
+        self._norm = None
 
     def forward_backward(self, batch, scale) -> list[float]:
         """batch: each micro-batch's rows (seq_length + 1 tokens); returns their losses."""
-        return [float(self.micro(*_split_rows(rows), scale).asnumpy()) for rows in batch]
+        losses = []
+        for index, rows in enumerate(batch):
+            losses.append(float(self.micro(*_split_rows(rows), scale).asnumpy()))
+            if self.observe is not None:  # the accumulated gradients, scaled in fp16, as the golden's .grad
+                self.observe.micro(index, losses[-1], self._named(self.update.grads))
+        return losses
+
+    def _named(self, tensors) -> dict:
+        """parameter name -> numpy copy of `tensors` (in the optimizer's parameter order)."""
+        return {p.name: t.asnumpy().astype(np.float32) for p, t in zip(self.optimizer.parameters, tensors,
+                                                                       strict=True)}
 
     def reduce_grads(self, reduce: Callable[[tuple], tuple]) -> None:
         """Replace the accumulated gradients by reduce(their values): dp's mean over ranks."""
@@ -269,13 +303,21 @@ class SplitSteps:
         self.update.poison_first()
 
     def measure(self, inv_scale: float) -> float:
-        return self.update.measure(inv_scale)
+        self._norm = self.update.measure(inv_scale)
+        return self._norm
 
     def all_finite(self, norm: float) -> bool:
         return self.update.all_finite(norm)
 
     def finish(self, apply: bool) -> float:
-        return self.update.finish(apply)
+        lr = self.optimizer.lr
+        clipped = self.update.finish(apply)
+        if self.observe is not None:  # the clipped gradients: what the tap copied as AdamW read them
+            opt = self.optimizer
+            self.observe.clipped(self._norm, clipped, self._named(self.tap.taps) if apply else None)
+            self.observe.stepped(lr, {"exp_avg": self._named(opt.exp_avg), "exp_avg_sq": self._named(opt.exp_avg_sq)},
+                                 self._named(opt.parameters), not apply)
+        return clipped
 
 
 class OneGraphStep:
@@ -322,10 +364,15 @@ def _split_rows(rows):
     return Tensor(np.ascontiguousarray(rows[..., :-1])), Tensor(np.ascontiguousarray(rows[..., 1:]))
 
 
-def one_graph_refusals(training, *, parallel=None, poisons: bool = False, profile: bool = False) -> list[str]:
+def one_graph_refusals(training, *, parallel=None, poisons: bool = False, profile: bool = False,
+                       observed: bool = False) -> list[str]:
     """Why this run's step cannot be one graph (empty: it can)."""
     cfg = training.cfg
     reasons = []
+    if observed:
+        reasons.append("a replay observes the gradients, norm and update between the graphs (`migrate replay`)")
+    if training.micro.grad_factors is not None:
+        reasons.append("an injected gradient fault acts at the micro-step's seam (`MicroStep.adjust`)")
     if training.scaler is not None:
         reasons.append("fp16: the loss scaler decides on the host whether a step is taken")
     if cfg.health.policy != "warn":
@@ -345,8 +392,9 @@ def one_graph_refusals(training, *, parallel=None, poisons: bool = False, profil
     return reasons
 
 
-def step_graphs(training, **why):
-    """The step's graphs for this run: one graph when nothing forbids it, else the split ones."""
-    if one_graph_refusals(training, **why):
-        return SplitSteps(training)
+def step_graphs(training, observe=None, **why):
+    """The step's graphs for this run: one graph when nothing forbids it, else the split ones.
+    observe: told what the step computes as it goes (`SplitSteps`; `migrate replay`)."""
+    if one_graph_refusals(training, observed=observe is not None, **why):
+        return SplitSteps(training, observe)
     return OneGraphStep(training, training.cfg.grad_accum_steps)

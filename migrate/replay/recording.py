@@ -1,0 +1,52 @@
+"""What one side's optimizer step computed, as its own step code reports it at its seams.
+
+Both trainers call the same three methods (golden/train_torch.py `optimizer_step`'s `observe`,
+`migrate.train.step.optimizer.SplitSteps`'s): ``micro`` after each micro-batch's backward,
+``clipped`` after clipping, ``stepped`` after AdamW. Arrays are numpy, by each side's own
+parameter names; the pairing is `judging`'s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class StepRecording:
+    losses: list = field(default_factory=list)      # per micro-batch
+    grads: list = field(default_factory=list)       # per micro-batch: name -> accumulated gradient so far
+    grad_norm: float | None = None                  # before clipping (unscaled)
+    clipped_norm: float | None = None               # measured on the clipped gradients
+    clipped_grads: dict | None = None               # name -> the gradient AdamW was handed (clipped, unscaled)
+    lr: float | None = None                         # the lr AdamW stepped with
+    moments: dict = field(default_factory=dict)     # "exp_avg" | "exp_avg_sq" -> name -> array, after the step
+    params: dict = field(default_factory=dict)      # name -> array, after the step
+    params_before: dict = field(default_factory=dict)  # name -> array, before it (set by the replay)
+    skipped: bool = False
+    forward: list = field(default_factory=list)     # `probe.live.Compared` of micro-batch 0's forward (set by judging)
+
+    # ---- the seams
+    def micro(self, index: int, loss: float, grads: dict) -> None:
+        self.losses.append(float(loss))
+        self.grads.append(grads)
+
+    def clipped(self, grad_norm: float, clipped_norm: float, grads: dict | None) -> None:
+        self.grad_norm, self.clipped_norm, self.clipped_grads = float(grad_norm), float(clipped_norm), grads
+
+    def stepped(self, lr: float, moments: dict, params: dict, skipped: bool) -> None:
+        self.lr, self.moments, self.params, self.skipped = float(lr), moments, params, bool(skipped)
+
+    # ---- derived
+    def clip_factor(self, inv_scale: float = 1.0) -> float | None:
+        """The factor the step multiplied its gradients by when clipping, measured on them: the least-squares
+        ratio of the gradients AdamW was handed to the accumulated ones (unscaled by `inv_scale`), in float64.
+        Each element rounds on its own, so over many elements this is the factor itself to a few 1e-9."""
+        if self.clipped_grads is None or not self.grads:
+            return None
+        num = den = 0.0
+        for name, g in self.grads[-1].items():
+            g = g.astype(np.float64) * inv_scale
+            num += float(np.dot(self.clipped_grads[name].astype(np.float64).ravel(), g.ravel()))
+            den += float(np.dot(g.ravel(), g.ravel()))
+        return num / den if den > 0 else None

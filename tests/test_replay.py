@@ -1,0 +1,153 @@
+"""`migrate replay` names the stage and tensor where a one-sided fault parts the runs (issue 27).
+
+One tiny golden run of 6 steps with a checkpoint after every step, and one MindSpore run per fault,
+the fault starting at step k > 1 (`migrate train --fault NAME@K`), so both curves agree first. For
+each: `migrate compare` fails and its last line is the replay command; `migrate replay` (the step
+compare flags, walked back to the first whose saved states agree) names the right stage and tensor.
+A step of a run before its fault starts replays clean, and both sides reproduce their logged loss.
+
+The run.yaml makes each fault show in 6 steps: weight decay 1.0 at lr 1e-2 (decaying the norm
+weights moves the loss within three steps), max_grad_norm 0.01 so every step clips (the clip
+epsilon), accumulation 2 (the divisor), warmup 2 (the late schedule shows at step 3). clip_no_eps
+starts at step 2: compare's clip rule averages over the clipped steps and needs five of six.
+The replays run the MindSpore step in PyNative (`--mode pynative`, no graph compile); one runs in
+the run's own graph mode.
+"""
+import json
+import shutil
+import sys
+
+import pytest
+
+from migrate.cli import main
+from migrate.train.config import RunConfig
+from train_setup import load_golden, make_run_dir
+
+golden = load_golden()
+
+RUN = """\
+hf_model: hf
+ms_model: ms
+data: data
+seq_length: 16
+micro_batch_size: 4
+grad_accum_steps: 2
+total_steps: 6
+max_grad_norm: 0.01
+data_seed: 5
+peak_flops: 2.5e12
+checkpoint_interval: 1
+keep_checkpoints: 10
+reference: off
+tensorboard: false
+optimizer: {lr: 1e-2, weight_decay: 1.0}
+schedule: {name: cosine, warmup_steps: 2, min_lr_rate: 0.1}
+out_dir: {golden: golden, ms: ms_out}
+"""
+
+# fault spec -> (the step replayed, the stage that parts first, what the line names)
+FAULTS = {
+    "beta2@3": (3, "moments", "exp_avg_sq of lm_head.weight parts first"),
+    "decay_biases@3": (3, "parameters", "update of model.norm.weight parts first"),
+    "clip_no_eps@2": (3, "clip", "clip factor parts first"),
+    "lr_late@3": (3, "lr", "lr of the step parts first"),
+    "no_accum_scaling@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first"),
+    "head_grad_scale@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first"),
+}
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread", "this_golden"), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def this_golden():
+    """`migrate replay` loads golden/train_torch.py as `migrate.golden.train_torch`, which an editable
+    install may map to another checkout: this checkout's file, for the module's tests."""
+    name = "migrate.golden.train_torch"
+    before = sys.modules.get(name)
+    sys.modules[name] = golden  # this one key only: the modules the tests import stay loaded after them
+    yield
+    if before is None:
+        del sys.modules[name]
+    else:
+        sys.modules[name] = before
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = make_run_dir(tmp_path_factory.mktemp("replay"), variant="bias", run_yaml=RUN)
+    golden.train(RunConfig.load(root / "run.yaml"), root / "golden", log=lambda line: None)
+    return root
+
+
+def ms_run(root, fault: str):
+    """The MindSpore run with `fault`, trained through the CLI once per module."""
+    out = root / ("ms_" + fault.replace("@", "_at_"))
+    if not (out / "metrics.jsonl").is_file():
+        assert main(["train", "--config", str(root / "run.yaml"), "--out", str(out), "--fault", fault]) == 0
+    return out
+
+
+def replay(root, run, *args, capsys):
+    capsys.readouterr()
+    code = main(["replay", str(root / "golden"), str(run), *args])
+    return code, capsys.readouterr().out
+
+
+def last_line(text: str) -> str:
+    """The last printed line, rich's soft-wrapped lines joined."""
+    return " ".join(text.strip().splitlines()[-1:])
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_compare_fails_and_replay_names_the_stage_and_tensor(root, fault, capsys):
+    run = ms_run(root, fault)
+    capsys.readouterr()
+    assert main(["compare", str(root / "golden"), str(run)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == f"to see which tensor parts first: migrate replay {root / 'golden'} {run}"
+    step, stage, named = FAULTS[fault]
+    code, out = replay(root, run, "--mode", "pynative", capsys=capsys)
+    text = " ".join(out.split())
+    print(f"\n[{fault}] {text[text.rfind('step ' + str(step) + ':'):]}")
+    assert code == 1
+    assert f"step {step}: " in text and named in text
+    agreed = text[text.rfind(f"step {step}: "):].split(" agree;")[0]
+    assert stage not in agreed  # the stage that parts is not among those said to agree
+    for side in ("golden", "MindSpore"):  # the replayed step is the run's own step, bit for bit here
+        assert f"{side} replay reproduces its logged step-{step} loss" in text
+
+
+def test_a_step_before_the_fault_replays_clean_in_graph_mode(root, capsys, tmp_path):
+    run = ms_run(root, "beta2@3")
+    code, out = replay(root, run, "--step", "2", "--report", str(tmp_path / "rep"), capsys=capsys)
+    text = " ".join(out.split())
+    assert code == 0, text[-400:]
+    assert text.endswith("step 2: every quantity agrees (forward, loss, gradients, grad norm, clip, lr, moments, "
+                         "parameters)")
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["run"]["extra"]["step"] == 2 and report["summary"]["passed"] is True
+    assert report["run"]["extra"]["verdict"] == {"passed": True, "first": None, "line": text[text.rfind("step 2:"):]}
+    grads = [e for e in report["entries"] if e["kind"] == "grad" and "after micro-batch 2" in e["name"]]
+    assert grads and all(e["passed"] for e in grads)
+
+
+def test_replay_at_a_step_whose_states_already_part_says_so(root, capsys):
+    code, out = replay(root, ms_run(root, "beta2@3"), "--step", "4", "--mode", "pynative", capsys=capsys)
+    text = " ".join(out.split())
+    assert code == 1
+    assert "the states saved after step 3 already part (parameter of lm_head.weight" in text
+    assert "replay step 3 or earlier to see where" in text
+
+
+def test_no_checkpoint_before_the_step_is_one_line_naming_the_interval(root, capsys, tmp_path):
+    bare = tmp_path / "golden_bare"
+    bare.mkdir()
+    shutil.copy(root / "golden" / "metrics.jsonl", bare)
+    every4 = root / "run_every4.yaml"  # the run as if it had checkpointed every 4 steps
+    every4.write_text((root / "run.yaml").read_text().replace("checkpoint_interval: 1", "checkpoint_interval: 4"))
+    capsys.readouterr()
+    code = main(["replay", str(bare), str(ms_run(root, "beta2@3")), "--step", "3", "--config", str(every4)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "needs the golden state after step 2" in err[0] and "it has no checkpoint" in err[0]
+    assert "a checkpoint_interval that divides 2 (1 does) would have written it" in err[0]
