@@ -30,7 +30,7 @@ from migrate.judge.metrics import logits_metrics, tensor_metrics
 __all__ = ["TWIN", "noise_figures", "error_figures", "error_ratio", "tie_margin"]
 
 TWIN = "float64 twin"   # how reports name the reference's reference
-_FIGURES = ("max_abs", "rms", "cosine")
+_FIGURES = ("max_abs", "rms", "cosine", "rel_l2")
 
 
 def noise_figures(ref: Any, exact: Any, logits: bool = False) -> dict:

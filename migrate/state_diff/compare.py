@@ -19,7 +19,6 @@ import numpy as np
 from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 from migrate.judge import fmt_num
-from migrate.judge.bounds import STATE_REL
 from migrate.judge.noise import noise_figures
 from migrate.judge.report import Report
 from migrate.judge.report.model import FIXED, NOISE_RUN
@@ -129,8 +128,12 @@ def _reference(noise: str | None, dtype: str, thresholds: Thresholds) -> dict:
         return {"source": NOISE_RUN, "of": noise,
                 "text": f"noise run: {noise}; each tensor's bound is the larger of the fixed one and "
                         f"{k:g} × the noise run's own difference from the first side"}
-    return {"source": FIXED, "text": f"no noise run: fixed bounds, max abs ≤ {STATE_REL[dtype]:g} × each tensor's "
-                                     "peak (docs/diff.md, \"Diffing two training states\")"}
+    b = thresholds.bounds("state")
+    held = ([f"max abs ≤ {b.max_abs_rel:g} × each tensor's peak"] if b.max_abs_rel is not None else []) + \
+        ([f"||B - A|| / ||A|| ≤ {b.rel_l2:g}"] if b.rel_l2 is not None else []) + \
+        ([f"cosine ≥ {b.cosine:g}"] if b.cosine is not None else [])
+    return {"source": FIXED, "text": f"no noise run: fixed bounds, {', '.join(held)} (docs/diff.md, \"Diffing two "
+                                     "training states\"); a noise run (--noise) measures what rounding alone does"}
 
 
 def _part(state: TrainingState, part: str, name: str) -> np.ndarray:
