@@ -20,7 +20,6 @@ from migrate.replay.judging import Item, judge_step, summary_line
 from migrate.replay.ms_side import MSReplay
 from migrate.replay.runs import ReplayPlan, at_step, plan_replay
 from migrate.replay.states import first_parting_state
-from migrate.train.building import resolve_plan
 
 OWN_LOG_REL = 1e-6  # a replay from the run's own checkpoint gives its logged loss (graph vs split: rounding)
 
@@ -89,12 +88,10 @@ def _first_parting_step(plan: ReplayPlan, walk: bool) -> tuple[ReplayPlan, list[
     """An optimizer fault at step k shows in the loss at step k + 1, from states that already part. With
     `walk` (the step is compare's), go back while the states saved before the step part, to the first step
     that starts from agreeing states; without, only say so. Returns the plan and notes."""
-    conversion = resolve_plan(plan.cfg)
     notes = []
     while plan.step > 1:
         before = plan.step - 1
-        parting = first_parting_state(plan.cfg, conversion, golden_state(plan.cfg, plan.golden_checkpoint),
-                                      plan.ms_checkpoint)
+        parting = first_parting_state(plan.golden_checkpoint, plan.ms_checkpoint)
         if parting is None:
             break
         if not walk:

@@ -35,6 +35,7 @@ from mindspore.common.initializer import initializer
 from migrate.errors import MigrateError
 from migrate.train.config import HFSchedule, RunConfig
 from migrate.train.decay import plan_decay_names
+from migrate.train.kernels import adamw_op
 from migrate.train.schedule import hf_lr
 
 F32 = ms.float32
@@ -100,8 +101,6 @@ class _FusedAdamWUpdate(nn.Cell):
 def _update_cell(params, exp_avg, exp_avg_sq, use_decay, fused: bool | None):
     """The fused update where the kernel is there and every tensor is fp32 (fused None: if it can be
     had), else the op-by-op graph; and which one it is."""
-    from migrate.train.kernels import adamw_op
-
     op = adamw_op() if fused is not False and all(p.dtype == F32 for p in params) else None
     if fused and op is None:
         raise MigrateError("the fused AdamW kernel is not available here (no C++ compiler, a failed build, or "
