@@ -56,10 +56,13 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def _check_expansion(root: yaml.Node) -> None:
-    """Expanded node count of the composed graph (a shared node counts once per
-    reference) and its nesting depth (MAX_DEPTH), iteratively so that depth cannot exhaust the stack; a cycle (an
-    alias inside its own anchor) is refused."""
+    """Expanded node count of the composed graph (a shared node counts once per reference) and
+    its expanded nesting depth (MAX_DEPTH), iteratively so that depth cannot exhaust the stack; a
+    cycle (an alias inside its own anchor) is refused. A shared node is walked once, so its size and
+    its height (levels below it, aliases expanded) are kept: an alias adds them where it stands, and a
+    deep anchor reused under a deep alias is as deep as the document it expands to."""
     size: dict[int, int] = {}
+    height: dict[int, int] = {}
     on_path: set[int] = set()
     stack: list[tuple[yaml.Node, bool, int]] = [(root, False, 1)]
     while stack:
@@ -69,9 +72,13 @@ def _check_expansion(root: yaml.Node) -> None:
         key = id(node)
         if done:
             on_path.discard(key)
-            size[key] = 1 + sum(size[id(child)] for child in _children(node))
+            children = _children(node)
+            size[key] = 1 + sum(size[id(child)] for child in children)
+            height[key] = 1 + max((height[id(child)] for child in children), default=0)
             if size[key] > MAX_NODES:
                 raise _TooLarge()
+            if depth - 1 + height[key] > MAX_DEPTH:   # this node's depth plus what its aliases expand to
+                raise _TooDeep()
             continue
         if key in size:
             continue
