@@ -91,6 +91,19 @@ def test_a_size_past_the_model_or_the_machine_is_refused_before_allocating(tiny,
     assert "needs" not in words or message.endswith("of memory available")   # the machine's figure beside
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--ids", "-1,2"], "--ids: token ids are 0 or more, got -1 in '-1,2'"),   # was "expected one argument"
+    (["--ids", "-1 2"], "--ids: token ids are 0 or more, got -1"),
+    (["--ids=-1,2"], "--ids: token ids are 0 or more, got -1"),
+    (["--ids", "1_000"], "--ids takes token ids separated by commas or spaces, got '1_000'"),  # int() read 1000
+    (["--ids", "+1,2"], "--ids takes token ids separated by commas or spaces, got '+1,2'"),
+    (["--ids", "\u0661,2"], "--ids takes token ids"),                  # an Arabic-Indic one: int() read 1
+    (["--ids", "1.5,2"], "--ids takes token ids"),
+])
+def test_generate_ids_are_plain_non_negative_numbers(tiny, capsys, argv, words):
+    refused(capsys, ["generate", tiny / "ms", *argv, "--max-new-tokens", "2"], words)
+
+
 def test_a_config_with_no_layers_is_refused(tmp_path, capsys, tiny):
     hf = tmp_path / "hf"
     hf.mkdir()
