@@ -148,9 +148,10 @@ def _peft(folder, tiny, config=None, dtype=np.float32):
     return folder
 
 
-def test_a_plain_peft_adapter_imports(tiny, tmp_path):
-    assert main(["lora", "import", str(_peft(tmp_path / "peft", tiny)), str(tmp_path / "out"),
-                 "--model", str(tiny / "ms")]) == 0
+@pytest.mark.parametrize("init", [True, False, "gaussian", "eva", "orthogonal"])  # the base left as it was
+def test_a_plain_peft_adapter_imports(tiny, tmp_path, init):
+    assert main(["lora", "import", str(_peft(tmp_path / "peft", tiny, {"init_lora_weights": init})),
+                 str(tmp_path / "out"), "--model", str(tiny / "ms")]) == 0
 
 
 @pytest.mark.parametrize("config, dtype, words", [
@@ -160,6 +161,16 @@ def test_a_plain_peft_adapter_imports(tiny, tmp_path):
     ({"use_dora": "true"}, np.float32, "use_dora must be true or false, got 'true'"),   # a string was read as off
     ({"lora_something_new": {"k": 1}}, np.float32, "'lora_something_new' is not a LoraConfig field of PEFT 0.21"),
     ({}, np.int8, "is I8; LoRA weights are floating point"),            # int8 A and B were cast and imported
+    # these subtract their initial B·A from the base weights: imported as plain LoRA on the original base before
+    ({"init_lora_weights": "pissa"}, np.float32, "init_lora_weights 'pissa' (PiSSA) changed the base model's weights"),
+    ({"init_lora_weights": "pissa_niter_4"}, np.float32, "init_lora_weights 'pissa_niter_4' (PiSSA) changed"),
+    ({"init_lora_weights": "olora"}, np.float32, "init_lora_weights 'olora' (OLoRA) changed the base model's"),
+    ({"init_lora_weights": "corda"}, np.float32, "(CorDA) changed the base model's weights"),
+    ({"init_lora_weights": "loftq"}, np.float32, "(LoftQ) changed the base model's weights"),
+    ({"init_lora_weights": "mica"}, np.float32, "init_lora_weights 'mica' (MiCA: lora_B frozen in training)"),
+    ({"init_lora_weights": "pissa_plus"}, np.float32, "init_lora_weights 'pissa_plus' is not an initialisation"),
+    ({"init_lora_weights": ["pissa"]}, np.float32, "init_lora_weights ['pissa'] is not an initialisation"),
+    ({"init_lora_weights": 1}, np.float32, "init_lora_weights 1 is not an initialisation"),
 ])
 def test_peft_features_lora_cannot_express_are_refused(tiny, tmp_path, capsys, config, dtype, words):
     peft = _peft(tmp_path / "peft", tiny, config, dtype)
