@@ -68,13 +68,13 @@ def test_a_bad_argument_is_one_line(capsys, tmp_path, argv, words):
 @pytest.mark.parametrize("argv, words", [
     # the cache's zeros: numpy's MemoryError (_ArrayMemoryError: 7.28 TiB) before
     (["generate", "{ms}", "--ids", "1,2,3", "--max-new-tokens", HUGE],
-     "the KV cache for prompt + --max-new-tokens 1,000,000,000,000 (1,000,000,000,003 slots) needs 232.8 TiB; "
+     "the KV cache for prompt + --max-new-tokens 1,000,000,000,000 (1,000,000,000,003 slots) needs at least 232.8 TiB; "
      "this machine has"),
     (["generate", "{ms}", "--ids", "1,2,3", "--cache-len", HUGE], "the KV cache for --cache-len 1,000,000,000,000 "
-                                                                  "needs 232.8 TiB"),
+                                                                  "needs at least 232.8 TiB"),
     (["export", "--format", "mindir", "{ms}", "{out}", "--cache-len", HUGE],
-     "the KV cache for --cache-len 1,000,000,000,000 (batch 1) needs 232.8 TiB"),
-    (["vocab", "resize", "{ms}", "{out}", "--to", HUGE], "resizing to 1,000,000,000,000 rows needs 232.8 TiB"),
+     "the KV cache for --cache-len 1,000,000,000,000 (batch 1) needs at least 232.8 TiB"),
+    (["vocab", "resize", "{ms}", "{out}", "--to", HUGE], "resizing to 1,000,000,000,000 rows needs at least 232.8 TiB"),
     # the seeded ids alone were 15 GiB (killed for memory here); one head's attention scores are more
     (["dump", "{ms}", "{out}", "--seq-len", str(10**9)], "a forward of --batch 2 × --seq-len 1,000,000,000 needs"),
     # 0 was read as "not given" and the export written with the default 1 / 64
@@ -89,6 +89,7 @@ def test_a_size_past_the_model_or_the_machine_is_refused_before_allocating(tiny,
     argv = [a.format(ms=tiny / "ms", out=out) for a in argv]
     message = refused(capsys, argv, words, out, tmp_path / "out.yaml")
     assert "needs" not in words or message.endswith("of memory available")   # the machine's figure beside
+    assert "needs" not in words or "needs at least" in message   # a lower bound (the model comes on top): said so
 
 
 @pytest.mark.parametrize("argv, words", [
