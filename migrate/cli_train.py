@@ -6,6 +6,7 @@ function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli
 from __future__ import annotations
 
 from migrate.byte_sizes import parse_memory_size
+from migrate.checkpoints.output_guard import COMPARE_JSON_SIGNATURE, PNG_SIGNATURE
 from migrate.cli_args import POSITIVE_INT
 from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 
@@ -58,7 +59,8 @@ def _data_tokenize_arguments(p) -> None:
 
 
 @verb("compare", "loss / lr / grad-norm of two training runs; exit 1 on drift",
-      writes=(Output("plot", "file", overwrite=None), Output("json", "file", overwrite=None)),
+      writes=(Output("plot", "file", overwrite=None, signature=PNG_SIGNATURE),
+              Output("json", "file", overwrite=None, signature=COMPARE_JSON_SIGNATURE)),
       reads=("golden", "ms", "noise", "hparams", _beside))
 def _cmd_compare(args) -> int:
     from migrate.compare import compare_runs, print_summary, write_json, write_plot
