@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.compare.log_formats import LogFormat, log_format
 from migrate.errors import MigrateError
 from migrate.jsonsafe import parse_json
@@ -61,8 +62,9 @@ def _resolve(path: Any, role: str) -> Path:
         raise MigrateError(f"no {role} metrics file given")
     p = Path(path)
     if p.is_dir():
-        if (p / "metrics.jsonl").is_file():
-            return p / "metrics.jsonl"
+        member = InputFolder(p, "run folder").optional("metrics.jsonl")
+        if member is not None:
+            return member
         raise MigrateError(f"{p}: a folder without metrics.jsonl ({role} run)")
     if not p.exists():
         raise MigrateError(f"{p}: no such file ({role} metrics)")

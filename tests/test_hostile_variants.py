@@ -1,0 +1,139 @@
+"""The variant sweep of issue 26: hostile or careless inputs beyond the issue's own list, through the
+command line. Each case failed before its fix (a replaced file, a hang, a silent exit 0, a FIFO read
+forever or overwritten, a link out of a run folder followed) and is now one `migrate: error:` line,
+exit 2, with nothing written and nothing the user had lost.
+
+One tiny converted Llama and one hand-written run folder per module; no training."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from hf_fixtures import build_hf_model, save_hf_model
+from migrate.cli import main
+from migrate.convert import convert
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """hf/, its conversion ms/, and a run folder run/ (metrics, health log, hyperparameters) with a
+    golden twin golden/, as the trainers write them."""
+    r = tmp_path_factory.mktemp("hostile")
+    save_hf_model(build_hf_model("gqa", seed=3), r / "hf")
+    convert(r / "hf", r / "ms")
+    for side in ("run", "golden"):
+        (r / side).mkdir()
+        (r / side / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "loss": 5.0 - 0.1 * i, "lr": 1e-3, "grad_norm": 1.0}) + "\n"
+            for i in range(4)))
+    (r / "run" / "health.jsonl").write_text(json.dumps(
+        {"step": 4, "kind": "verdict", "healthy": True, "first": {}, "counts": {},
+         "line": "health after step 4: healthy (no event)"}) + "\n")
+    (r / "run.yaml").write_text("hf_model: hf\nms_model: ms\ndata: data\nseq_length: 16\nmicro_batch_size: 4\n"
+                                "total_steps: 4\n")
+    return r
+
+
+def refused(capsys, *argv, match: str) -> str:
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("migrate: error: "), (code, err)
+    assert match in err, err
+    return err
+
+
+def run_copy(root: Path, tmp_path: Path, name: str = "run") -> Path:
+    return Path(shutil.copytree(root / name, tmp_path / name))
+
+
+# ---------- outputs: a regenerated file is replaced only over one migrate wrote ----------
+def test_report_over_a_file_migrate_did_not_write_is_refused(root, tmp_path, capsys):
+    """`report RUN -o run.yaml` exited 0 and replaced the run config with HTML."""
+    config = Path(shutil.copy(root / "run.yaml", tmp_path / "run.yaml"))
+    before = config.read_bytes()
+    refused(capsys, "report", root / "run", "-o", config, match="exists and was not written by migrate")
+    refused(capsys, "compare", root / "golden", root / "run", "--json", config, match="not written by migrate")
+    assert config.read_bytes() == before
+    # its own report is replaced: the second run over the first's file
+    assert main(["report", str(root / "run"), "-o", str(tmp_path / "r.html")]) == 0
+    assert main(["report", str(root / "run"), "-o", str(tmp_path / "r.html")]) == 0
+
+
+# ---------- inputs that are not regular files ----------
+class _Releaser:
+    """While a test runs, a writer opens and closes `fifo` every few seconds: a reader blocked on it
+    (the bug) reads nothing and goes on, so the test fails on the result instead of hanging."""
+
+    def __init__(self, fifo: Path, every: float = 5.0):
+        self.fifo, self.every, self.stop = fifo, every, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.wait(self.every):
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass  # no reader at the moment
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+
+
+def test_compare_on_a_fifo_is_refused_not_read_forever(root, tmp_path, capsys):
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    with _Releaser(fifo):
+        refused(capsys, "compare", root / "golden", fifo, match="not a regular file or folder (MindSpore metrics)")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_dump_inputs_that_is_not_a_file_is_refused_and_left_alone(root, tmp_path, capsys, kind):
+    """A FIFO named by --inputs was replaced by the seeded ids (exit 0); a folder failed on a rename
+    naming a temporary file."""
+    inputs = tmp_path / "in.npz"
+    os.mkfifo(inputs) if kind == "fifo" else inputs.mkdir()
+    words = "is not a regular file" if kind == "fifo" else "is a folder"
+    refused(capsys, "dump", root / "ms", tmp_path / "out", "--inputs", inputs, match=f"--inputs {inputs} {words}")
+    mode = os.lstat(inputs).st_mode
+    assert (stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISDIR(mode))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]   # no dump, no partial file
+
+
+_DAMAGES = [
+    # a folder read as "no steps": health said healthy, exit 0
+    ("metrics.jsonl", "folder", "metrics.jsonl is a folder, not a file"),
+    ("health.jsonl", "fifo", "health.jsonl is a FIFO, device or socket, not a file"),
+    # a link out of the run folder was followed and read as this run's curve
+    ("metrics.jsonl", "link", "metrics.jsonl is a link to a file outside the run folder"),
+]
+
+
+@pytest.mark.parametrize("verb, member, damage, words", [
+    (verb, *case) for verb in ("health", "report", "compare") for case in _DAMAGES
+    if not (verb == "compare" and case[0] == "health.jsonl")])   # compare reads no health log
+def test_a_run_folder_member_that_breaks_the_reader_rule_is_refused(root, tmp_path, capsys, verb, member,
+                                                                     damage, words):
+    run = run_copy(root, tmp_path)
+    (run / member).unlink()
+    if damage == "folder":
+        (run / member).mkdir()
+    elif damage == "fifo":
+        os.mkfifo(run / member)
+    else:
+        (run / member).symlink_to(root / "golden" / "metrics.jsonl")
+    argv = {"health": ["health", run], "report": ["report", run, "-o", tmp_path / "r.html"],
+            "compare": ["compare", root / "golden", run]}[verb]
+    with _Releaser(run / member):
+        refused(capsys, *argv, match=words)
+    assert not (tmp_path / "r.html").exists()
