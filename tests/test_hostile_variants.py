@@ -137,3 +137,56 @@ def test_a_run_folder_member_that_breaks_the_reader_rule_is_refused(root, tmp_pa
     with _Releaser(run / member):
         refused(capsys, *argv, match=words)
     assert not (tmp_path / "r.html").exists()
+
+
+# ---------- names with control characters ----------
+def test_a_newline_in_a_name_stays_inside_one_error_line(root, tmp_path, capsys):
+    """A file name holding a newline split the message in two lines (an OSError's second line had no
+    `migrate: error:` prefix at all)."""
+    err = refused(capsys, "convert", tmp_path / "no\nsuch", tmp_path / "out", match="no\\nsuch")
+    assert "\n" not in err
+    refused(capsys, "report", tmp_path / "a\nb", match="a\\nb")
+    refused(capsys, "compare", tmp_path / "a\rb", root / "golden", match="a\\rb")
+
+
+# ---------- huge counts in options the issue did not list ----------
+@pytest.mark.parametrize("argv, words", [
+    # fork: msrun started one MindSpore process per rank (killed for memory); before it, a list of 10**12 ranks
+    (["train", "--config", "{root}/run.yaml", "--dp", str(10**12), "--out", "{out}"],
+     "ranks is more than any cluster (1,048,576 at most)"),
+    (["train", "--config", "{root}/run.yaml", "--dp", str(2**20), "--out", "{out}"],
+     "--dp × --mp × --pp = 1,048,576 ranks (1,048,576 MindSpore processes here, 384 MiB each before the model) "
+     "needs at least 384.0 TiB"),
+    # enumerated the divisors of 10**12 one by one: never ended
+    (["plan", "--model", "{root}/ms", "--devices", str(10**12), "--device-memory", "64GB", "--seq-length", "16",
+      "--global-batch", "8"], "--devices 1,000,000,000,000 is more than any cluster"),
+    # wrote a YAML for 10**12 ranks and an msrun line starting 10**12 local workers
+    (["mindformers-config", "{root}/ms", "--out", "{out}.yaml", "--dp", str(10**12)],
+     "1,000,000,000,000 ranks is more than any cluster"),
+    # a set of 10**12 steps; a single step past the end never fired and the rehearsal said "healthy"
+    (["train", "--config", "{root}/run.yaml", "--step-fault", f"nan_grad@1-{10**12}", "--out", "{out}"],
+     f"bad step fault 'nan_grad@1-{10**12}': the run has 4 steps (total_steps)"),
+    (["train", "--config", "{root}/run.yaml", "--step-fault", "nan_grad@5", "--out", "{out}"],
+     "the run has 4 steps"),
+    # rows drawn with an infinite std: an export with inf embeddings, exit 0
+    (["vocab", "resize", "{root}/ms", "{out}", "--to", "400", "--init", "normal", "--std", "1e400"],
+     "argument --std: must be a finite number > 0, got '1e400'"),
+])
+def test_huge_or_impossible_counts_are_refused_before_acting(root, tmp_path, capsys, argv, words):
+    out = tmp_path / "out"
+    refused(capsys, *[a.format(root=root, out=out) for a in argv], match=words)
+    assert not out.exists() and not (tmp_path / "out.yaml").exists()
+
+
+def test_plan_lists_the_layouts_of_a_large_cluster_quickly(root, capsys):
+    """The divisors are found in O(sqrt n): 720,720 devices (240 divisors) plan in about a second."""
+    from migrate.memory_plan import _divisors
+
+    assert _divisors(720720) == [d for d in range(1, 720721) if 720720 % d == 0]
+    assert _divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and _divisors(1) == [1]
+
+
+def test_diff_generate_past_the_models_positions_is_refused(root, capsys):
+    """--generate 10**12 ran HF generate for ever (its cache grows; HF only warns past the positions)."""
+    refused(capsys, "diff", root / "hf", root / "ms", "--generate", str(10**12),
+            match="--generate 1,000,000,000,000 after the 16-token prompt runs past the model's 64 positions")
