@@ -85,8 +85,24 @@ def _check_expansion(root: yaml.Node) -> None:
         if key in on_path:
             raise yaml.YAMLError("an alias refers to its own anchor (a recursive structure)")
         on_path.add(key)
+        _check_unique_keys(node)
         stack.append((node, True, depth))
         stack.extend((child, False, depth + 1) for child in _children(node) if id(child) not in size)
+
+
+def _check_unique_keys(node: yaml.Node) -> None:
+    """A mapping naming one key twice is refused: PyYAML keeps the last silently (`total_steps: 4` then
+    `total_steps: 9` further down trained 9). A merge key (`<<`) may repeat."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen = set()
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if key.value in seen:
+            raise yaml.MarkedYAMLError(problem=f"key {clip(key.value, 80)!r} appears twice in one mapping",
+                                       problem_mark=key.start_mark)
+        seen.add(key.value)
 
 
 class _TooLarge(yaml.YAMLError):

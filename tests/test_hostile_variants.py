@@ -190,3 +190,42 @@ def test_diff_generate_past_the_models_positions_is_refused(root, capsys):
     """--generate 10**12 ran HF generate for ever (its cache grows; HF only warns past the positions)."""
     refused(capsys, "diff", root / "hf", root / "ms", "--generate", str(10**12),
             match="--generate 1,000,000,000,000 after the 16-token prompt runs past the model's 64 positions")
+
+
+# ---------- numbers and keys JSON and YAML allow but a config cannot mean ----------
+def _hf_config(root: Path, tmp_path: Path, text_change) -> Path:
+    hf = Path(shutil.copytree(root / "hf", tmp_path / "hf"))
+    (hf / "config.json").write_text(text_change((hf / "config.json").read_text()))
+    return hf
+
+
+PLAN = ["--devices", "1", "--device-memory", "64GB", "--seq-length", "8", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("change, words", [
+    # 1e400 reads as inf: convert wrote rms_norm_eps inf into model.yaml, exit 0
+    (lambda t: t.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e400'), "rms_norm_eps is inf, not a finite number"),
+    (lambda t: t.replace('"rope_theta": 10000.0', '"rope_theta": NaN'), "rope_theta is nan, not a finite number"),
+    # json kept the second: plan planned a 7-layer model, convert failed on 45 "missing" tensors
+    (lambda t: t.rstrip().rstrip("}") + ', "num_hidden_layers": 7}', "key 'num_hidden_layers' appears twice in one "
+                                                                      "object"),
+])
+@pytest.mark.parametrize("verb", ["convert", "plan"])
+def test_a_config_json_with_a_value_no_model_has_is_refused(root, tmp_path, capsys, change, words, verb):
+    hf = _hf_config(root, tmp_path, change)
+    assert (hf / "config.json").read_text() != (root / "hf" / "config.json").read_text()  # the edit took
+    argv = ["convert", hf, tmp_path / "out"] if verb == "convert" else ["plan", "--model", hf / "config.json", *PLAN]
+    refused(capsys, *argv, match=words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_yaml_naming_a_key_twice_is_refused(root, tmp_path, capsys):
+    """PyYAML kept the last `total_steps` silently: the run trained what the line further down said."""
+    config = tmp_path / "run.yaml"
+    config.write_text((root / "run.yaml").read_text() + "total_steps: 9\n")
+    refused(capsys, "hparams", config, match="key 'total_steps' appears twice in one mapping (line 7, column 1)")
+    # a merge key may repeat, and different mappings may share key names
+    from migrate.safeyaml import load_yaml
+
+    (tmp_path / "ok.yaml").write_text("a: &a {x: 1}\nb: &b {y: 2}\nc: {<<: *a, <<: *b, z: 3}\nd: {x: 4}\n")
+    assert load_yaml(tmp_path / "ok.yaml", "test")["c"] == {"x": 1, "y": 2, "z": 3}
