@@ -229,3 +229,40 @@ def test_a_run_yaml_naming_a_key_twice_is_refused(root, tmp_path, capsys):
 
     (tmp_path / "ok.yaml").write_text("a: &a {x: 1}\nb: &b {y: 2}\nc: {<<: *a, <<: *b, z: 3}\nd: {x: 4}\n")
     assert load_yaml(tmp_path / "ok.yaml", "test")["c"] == {"x": 1, "y": 2, "z": 3}
+
+
+# ---------- foreign logs and adapters with numbers past any run ----------
+def test_a_step_past_any_run_is_one_line(root, tmp_path, capsys):
+    """A Megatron-LM line logging iteration 10**30 ended in an OverflowError traceback."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(f" [2025-01-01 00:00:0{i}] iteration {step:>8}/      10 | consumed samples: 8 | learning "
+                           f"rate: 1.000000E-04 | lm loss: 3.2 | loss scale: 1.0 | grad norm: 1.000 |\n"
+                           for i, step in ((1, 1), (2, 10**30))))
+    refused(capsys, "compare", log, root / "golden", match=f"train.log:2: step {10**30} is past any training run")
+    run = run_copy(root, tmp_path)
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 10**30, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0}) + "\n")
+    refused(capsys, "compare", root / "golden", run, match=f"'step' must be an integer in 1..{2**53}, got {10**30}")
+
+
+def test_an_adapter_whose_lora_json_rank_is_not_its_weights_is_refused(root, tmp_path, capsys):
+    """lora.json said rank 10**30 over rank-2 weights: merge scaled the update by alpha / 10**30 and wrote
+    the base back, exit 0."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{prefix}.lora_A.weight": np.ones((2, 32), np.float32),
+               f"{prefix}.lora_B.weight": np.ones((32, 2), np.float32)}, str(peft / "adapter_model.safetensors"))
+    (peft / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4,
+                                                          "target_modules": ["q_proj"]}))
+    assert main(["lora", "import", str(peft), str(tmp_path / "adapter"), "--model", str(root / "ms")]) == 0
+    record = json.loads((tmp_path / "adapter" / "lora.json").read_text())
+    record["spec"]["rank"] = 10**30
+    (tmp_path / "adapter" / "lora.json").write_text(json.dumps(record))
+    refused(capsys, "lora", "merge", tmp_path / "adapter", tmp_path / "merged", "--model", root / "ms",
+            match="A [2, 32] / B [32, 2] in adapter.ckpt are not of the rank "
+                  "1000000000000000000000000000000 lora.json states")
+    assert not (tmp_path / "merged").exists()
