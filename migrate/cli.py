@@ -273,6 +273,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"migrate: error: {args.command} needs {exc.name}, which is not installed here "
               f"(pip install 'migrate[{extra}]', or the version your recipe pins)", file=sys.stderr)
         return MigrateError.exit_code
+    except ImportError as exc:
+        # SIGINT/SIGTERM inside a C extension's initialisation (`import mindspore` takes seconds) comes back
+        # as ImportError("initialization failed") caused by the interrupt: an interrupt, not a traceback
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, Interrupted):
+            print(f"migrate: {cause.word}", file=sys.stderr)
+            return cause.exit_code
+        if isinstance(cause, KeyboardInterrupt):
+            print("migrate: interrupted", file=sys.stderr)
+            return 130
+        raise
     except OSError as exc:  # a path of the user's that cannot be read or written: a user error too
         where = f"{exc.filename}: " if exc.filename is not None else ""
         print(f"migrate: error: {one_line(f'{where}{exc.strerror or exc}')}", file=sys.stderr)

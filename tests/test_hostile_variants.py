@@ -266,3 +266,25 @@ def test_an_adapter_whose_lora_json_rank_is_not_its_weights_is_refused(root, tmp
             match="A [2, 32] / B [32, 2] in adapter.ckpt are not of the rank "
                   "1000000000000000000000000000000 lora.json states")
     assert not (tmp_path / "merged").exists()
+
+
+# ---------- an interrupt while a framework initialises ----------
+@pytest.mark.parametrize("signum, code, word", [(2, 130, "interrupted"), (15, 143, "terminated")])
+def test_an_interrupt_inside_an_extension_import_is_an_interrupt_not_a_traceback(root, tmp_path, capsys,
+                                                                                 monkeypatch, signum, code, word):
+    """SIGINT during `import mindspore` (seconds long) reached the handler inside the C extension's
+    initialisation and came back as ImportError("initialization failed"): a traceback, exit 1."""
+    import migrate.probe.dumping as dumping
+    from migrate.signals import Interrupted
+
+    def interrupted_import(*args, **kwargs):
+        try:
+            raise Interrupted(signum)
+        except Interrupted as exc:
+            raise ImportError("initialization failed") from exc
+
+    monkeypatch.setattr(dumping, "dump", interrupted_import)
+    capsys.readouterr()
+    assert main(["dump", str(root / "ms"), str(tmp_path / "out")]) == code
+    assert capsys.readouterr().err.strip() == f"migrate: {word}"
+    assert not (tmp_path / "out").exists()
