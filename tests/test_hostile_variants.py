@@ -288,3 +288,15 @@ def test_an_interrupt_inside_an_extension_import_is_an_interrupt_not_a_traceback
     assert main(["dump", str(root / "ms"), str(tmp_path / "out")]) == code
     assert capsys.readouterr().err.strip() == f"migrate: {word}"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_checkpoint_file_is_named_as_such(root, tmp_path, capsys):
+    """A 0-byte model.ckpt read as a checkpoint of no tensors: "21 parameters not loaded"."""
+    ms = Path(shutil.copytree(root / "ms", tmp_path / "ms"))
+    ckpts = sorted(ms.glob("*.ckpt"))
+    assert ckpts
+    for ckpt in ckpts:
+        ckpt.write_bytes(b"")
+    refused(capsys, "inspect", ms, match=f"{ckpts[0]} is empty (0 bytes)")
+    refused(capsys, "export", ms, tmp_path / "hf", match="is empty (0 bytes)")
+    assert not (tmp_path / "hf").exists()
