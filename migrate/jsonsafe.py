@@ -117,6 +117,8 @@ def load_json(path: str | Path, what: str = "", expect: type | tuple[type, ...] 
     A file that cannot be opened raises its OSError (the command line turns it into one line)."""
     path = Path(path)
     where = f"{what} {path}" if what else str(path)
+    if path.exists() and not path.is_file():  # open() of a FIFO blocks until a writer comes: refuse first
+        raise JSONError(f"{where}: not a regular file")
     with open(path, "rb") as fh:
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:

@@ -134,8 +134,10 @@ def load_yaml(path: str | Path, what: str) -> Any:
     (e.g. "keymap", "model config") and the file."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():  # open() of a FIFO blocks until a writer comes: refuse first
+            raise MigrateError(f"cannot read {what} {path}: not a regular file")
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)  # bounded on the open file: a FIFO cannot run past it
+            raw = fh.read(MAX_BYTES + 1)  # bounded on the open file: a growing file cannot run past it
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MigrateError(f"cannot read {what} {path}: {clip(getattr(exc, 'strerror', None) or exc)}") from None

@@ -300,3 +300,16 @@ def test_an_empty_checkpoint_file_is_named_as_such(root, tmp_path, capsys):
     refused(capsys, "inspect", ms, match=f"{ckpts[0]} is empty (0 bytes)")
     refused(capsys, "export", ms, tmp_path / "hf", match="is empty (0 bytes)")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["hparams", "{root}/run.yaml", "--mindformers", "{fifo}"],
+     "cannot read MindFormers YAML {fifo}: not a regular file"),
+    (["compare", "{root}/golden", "{root}/run", "--hparams", "{fifo}", "{fifo}"], "{fifo}: not a regular file"),
+])
+def test_a_fifo_named_as_a_yaml_or_json_file_is_refused_not_waited_on(root, tmp_path, capsys, argv, words):
+    """open() of a FIFO blocks until a writer comes: the bounded YAML and JSON readers waited for ever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with _Releaser(fifo):
+        refused(capsys, *[a.format(root=root, fifo=fifo) for a in argv], match=words.format(fifo=fifo))
