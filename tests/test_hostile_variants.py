@@ -116,16 +116,19 @@ _DAMAGES = [
     ("health.jsonl", "fifo", "health.jsonl is a FIFO, device or socket, not a file"),
     # a link out of the run folder was followed and read as this run's curve
     ("metrics.jsonl", "link", "metrics.jsonl is a link to a file outside the run folder"),
+    # compare skipped it ("hyperparameters not cross-checked") and passed
+    ("effective_hparams.json", "fifo", "effective_hparams.json is a FIFO, device or socket, not a file"),
 ]
 
 
 @pytest.mark.parametrize("verb, member, damage, words", [
     (verb, *case) for verb in ("health", "report", "compare") for case in _DAMAGES
-    if not (verb == "compare" and case[0] == "health.jsonl")])   # compare reads no health log
+    if not (verb == "compare" and case[0] == "health.jsonl")      # compare reads no health log
+    and not (verb == "health" and case[0] == "effective_hparams.json")])   # health replays only without a log
 def test_a_run_folder_member_that_breaks_the_reader_rule_is_refused(root, tmp_path, capsys, verb, member,
                                                                      damage, words):
     run = run_copy(root, tmp_path)
-    (run / member).unlink()
+    (run / member).unlink(missing_ok=True)
     if damage == "folder":
         (run / member).mkdir()
     elif damage == "fifo":
