@@ -453,7 +453,7 @@ def train(cfg: RunConfig, out: str | Path | None = None, log=print, *, step_faul
     the run log, the eval and checkpoint cadence are the run protocol's (`migrate.run_protocol`,
     `migrate.train.run_log`), as `migrate train`'s. trust: ms_model's class may be imported even if
     migrate does not bundle it (its MFU figures, `throughput_basis`)."""
-    faults = parse_step_faults(step_faults)
+    faults = parse_step_faults(step_faults, cfg.total_steps)  # a step past the end: refused, as migrate train does
     out = Path(out) if out is not None else cfg.out_dir.golden
     out.mkdir(parents=True, exist_ok=True)
     samples = load_samples(cfg.data, cfg.seq_length)

@@ -20,7 +20,7 @@ from migrate.cli_mindformers import YAML_FIRST_LINE
 from migrate.cli_probe import code_files
 from migrate.cli_verbs import Output, add_verbs, arguments, guard_outputs, trust_argument, verb
 from migrate.dtype_names import NAMES
-from migrate.errors import MigrateError
+from migrate.errors import MigrateError, one_line
 from migrate.keymap import available
 
 # The frameworks pyproject.toml's extras install (the core needs none of them) -> the extra.
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         with handled():  # SIGTERM ends a command as SIGINT does: cleanup runs, nothing half-written stays
             return args.func(args)
     except MigrateError as exc:
-        for line in str(exc).splitlines() or [""]:  # a message of several lines: one error line each
+        for line in exc.lines():  # one line (a newline in a name it quotes escaped); MigrateErrors: one per rule
             print(f"migrate: error: {line}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
@@ -276,9 +276,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"migrate: error: {args.command} needs {exc.name}, which is not installed here "
               f"(pip install 'migrate[{extra}]', or the version your recipe pins)", file=sys.stderr)
         return MigrateError.exit_code
+    except ImportError as exc:
+        # SIGINT/SIGTERM inside a C extension's initialisation (`import mindspore` takes seconds) comes back
+        # as ImportError("initialization failed") caused by the interrupt: an interrupt, not a traceback
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, Interrupted):
+            print(f"migrate: {cause.word}", file=sys.stderr)
+            return cause.exit_code
+        if isinstance(cause, KeyboardInterrupt):
+            print("migrate: interrupted", file=sys.stderr)
+            return 130
+        raise
     except OSError as exc:  # a path of the user's that cannot be read or written: a user error too
         where = f"{exc.filename}: " if exc.filename is not None else ""
-        print(f"migrate: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"migrate: error: {one_line(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return MigrateError.exit_code
 
 

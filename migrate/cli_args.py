@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 from migrate.errors import MigrateError
@@ -24,9 +25,19 @@ __all__ = ["Parser", "integer", "number", "utf8_text", "POSITIVE_INT", "COUNT", 
            "NON_NEGATIVE"]
 
 
+# A value that starts like a negative number is a value, not an option: argparse's own pattern takes
+# only "-1" and "-1.5", so `--ids -1,2` or `--ids "-1 2"` ended as "expected one argument" and the
+# value's own check (negative ids, here) never ran. No option of migrate looks like a number.
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser whose errors are `MigrateError`s: one `migrate: error:` line, exit 2, and
     no usage block (`migrate VERB --help` has it). Subparsers are built of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_VALUE  # argparse reads it in _parse_optional
 
     def error(self, message: str):
         verb = self.prog.removeprefix("migrate").strip()

@@ -5,6 +5,7 @@ Each verb is declared at its handler (`migrate.cli_verbs`); `convert --mindforme
 """
 from __future__ import annotations
 
+from migrate.byte_sizes import parse_memory_size
 from migrate.cli_verbs import Output, arguments, trust_argument, verb
 from migrate.errors import MigrateError
 
@@ -28,12 +29,6 @@ def write_yaml(args, ms_dir, run_config=None) -> None:
     for note in run.notes:
         shown.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
     shown.print("  launch: " + run.launch.format(yaml=path), markup=False, highlight=False, soft_wrap=True)
-
-
-def _memory_size(text: str) -> int:
-    from migrate.cli_train import parse_size  # bytes, as argparse reads it: before any folder is read
-
-    return parse_size(text)
 
 
 def _run_yaml_paths(args):
@@ -87,7 +82,7 @@ def add_yaml_options(p, *, standalone: bool) -> None:
     g.add_argument("--optimizer-shard", action="store_true", help="enable_parallel_optimizer (dp >= 2)")
     g.add_argument("--device", choices=["ascend", "cpu"], default="ascend",
                    help="cpu: one process, use_rope_slice/fused_rms_norm/use_flash_attention set for MindSpore CPU")
-    g.add_argument("--device-memory", type=_memory_size,
+    g.add_argument("--device-memory", type=parse_memory_size,
                    help="refuse a layout the planner sizes above this per device (e.g. 64GB)")
     g.add_argument("--output-dir", help="MindFormers output_dir (default ./output)")
     g.add_argument("--yaml-overwrite" if not standalone else "--overwrite", dest="yaml_overwrite",

@@ -2,6 +2,7 @@
 at its handler (`migrate.cli_verbs`)."""
 from __future__ import annotations
 
+from migrate.checkpoints.output_guard import REPORT_SIGNATURE
 from migrate.cli_verbs import Output, arguments, verb
 
 
@@ -13,7 +14,8 @@ def _default(args):
 
 @verb("report", "one self-contained HTML page for a training run: curves, step time, "
                 "health events, effective hyperparameters",
-      writes=(Output("output", "file", overwrite=None, exempt=_default),), reads=("run", "golden", "noise"))
+      writes=(Output("output", "file", overwrite=None, exempt=_default, signature=REPORT_SIGNATURE),),
+      reads=("run", "golden", "noise"))
 def _cmd_report(args) -> int:
     from migrate.train.run_report import write_report
     from migrate.ui import console

@@ -5,9 +5,10 @@ function as in `migrate.cli`. Each verb is declared at its handler (`migrate.cli
 """
 from __future__ import annotations
 
+from migrate.byte_sizes import parse_memory_size
+from migrate.checkpoints.output_guard import COMPARE_JSON_SIGNATURE, PNG_SIGNATURE
 from migrate.cli_args import POSITIVE_INT
 from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
-from migrate.errors import MigrateError
 
 
 def run_yaml_paths(config) -> list:
@@ -58,7 +59,8 @@ def _data_tokenize_arguments(p) -> None:
 
 
 @verb("compare", "loss / lr / grad-norm of two training runs; exit 1 on drift",
-      writes=(Output("plot", "file", overwrite=None), Output("json", "file", overwrite=None)),
+      writes=(Output("plot", "file", overwrite=None, signature=PNG_SIGNATURE),
+              Output("json", "file", overwrite=None, signature=COMPARE_JSON_SIGNATURE)),
       reads=("golden", "ms", "noise", "hparams", _beside))
 def _cmd_compare(args) -> int:
     from migrate.compare import compare_runs, print_summary, write_json, write_plot
@@ -272,24 +274,6 @@ def _hparams_arguments(p) -> None:
     trust_argument(p)
 
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """'64GB', '80GiB', '1.5TB' -> bytes. Device memory is quoted in GB by vendors but
-    means GiB in practice; GB here is taken literally (10**9) -- pass GiB if you mean it."""
-    import re
-
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise MigrateError(f"not a memory size: {text!r} (try 64GB or 80GiB)")
-    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-    if size < 1:  # no layout fits in nothing: a size of 0 is a typo, not a question
-        raise MigrateError(f"a memory size must be positive, got {text!r}")
-    return size
-
-
 @verb("plan", "per-device memory estimate and a ranked list of parallel layouts that fit")
 def _cmd_plan(args) -> int:
     from migrate.hf_model_config import hf_folder, model_config_from_hf
@@ -318,7 +302,7 @@ def _plan_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help="a converted MindSpore folder or its model.yaml; or an HF folder or its config.json")
     p.add_argument("--devices", type=int, required=True)
-    p.add_argument("--device-memory", type=parse_size, required=True,  # bytes, read before the model
+    p.add_argument("--device-memory", type=parse_memory_size, required=True,  # bytes, read before the model
                    help="per device, e.g. 64GB or 64GiB")
     p.add_argument("--seq-length", type=int, required=True)
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")

@@ -40,6 +40,7 @@ class Output:
     overwrite: str | None = "overwrite"
     value: Callable[[argparse.Namespace], Any] | None = None
     first_line: str | None = None           # a file: replace only one whose first line starts so
+    signature: bytes | None = None          # a file: replace only one whose first KiBs hold this
     exempt: Callable[[argparse.Namespace], Any] | None = None  # args -> the verb's own default path
 
     def path(self, args: argparse.Namespace) -> Any:
@@ -138,7 +139,8 @@ def guard_outputs(args: argparse.Namespace) -> None:
             continue  # the verb's own default file (e.g. RUN/report.html), named explicitly
         overwrite = bool(getattr(args, o.overwrite, False)) if o.overwrite else None
         if o.kind == "file":
-            check_file_output(path, overwrite=overwrite, inputs=inputs, first_line=o.first_line)
+            check_file_output(path, overwrite=overwrite, inputs=inputs, first_line=o.first_line,
+                              signature=o.signature)
             continue
         check_apart(Path(path), inputs)
         if overwrite is not None:

@@ -5,7 +5,7 @@ its function, as in `migrate.cli`.
 """
 from __future__ import annotations
 
-from migrate.cli_args import SEED, SHARE
+from migrate.cli_args import POSITIVE, SEED, SHARE
 from migrate.cli_verbs import Output, arguments, group, trust_argument, verb
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "info": "dim"}
@@ -86,7 +86,7 @@ def _vocab_resize_arguments(p) -> None:
                       help="round rows up to a multiple of M (e.g. the tensor-parallel size mp)")
     p.add_argument("--init", choices=["mean", "normal"], default="mean",
                    help="new rows: the mean of the old rows (default), or normal(0, --std) drawn with --seed")
-    p.add_argument("--std", type=float, help="std of --init normal (default: model.yaml's initializer_range)")
+    p.add_argument("--std", type=POSITIVE, help="std of --init normal (default: model.yaml's initializer_range)")
     p.add_argument("--seed", type=SEED, default=0, help="seed of --init normal")
     p.add_argument("--hf", nargs=2, metavar=("HF_DIR", "HF_OUT"),
                    help="resize the HF source too, with the same new rows, into HF_OUT")

@@ -1,10 +1,36 @@
 """User-facing errors: the CLI prints their message on one line and exits 2."""
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters escaped (a newline in a file name is "\\n"), so that a
+    message naming it stays one line."""
+    return _CONTROL.sub(lambda m: {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(m[0], f"\\x{ord(m[0]):02x}"), text)
 
 
 class MigrateError(Exception):
     """A user mistake or bad input. Never shown with a traceback."""
 
     exit_code = 2
+
+    def lines(self) -> list[str]:
+        """The message as the command line prints it: one line, whatever names it quotes."""
+        return [one_line(str(self))]
+
+
+class MigrateErrors(MigrateError):
+    """Several broken rules at once: one printed line each."""
+
+    def __init__(self, messages):
+        self.messages = [str(m) for m in messages]
+        super().__init__("\n".join(self.messages))
+
+    def lines(self) -> list[str]:
+        return [one_line(m) for m in self.messages]
 
 
 class CoverageError(MigrateError):

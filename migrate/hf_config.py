@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 from migrate.errors import MigrateError
@@ -30,6 +31,9 @@ def read_raw_config(folder: Path) -> dict:
     if not path.is_file():
         raise MigrateError(f"no config.json in {folder}")
     data = load_json(path, expect=dict)  # bounded: one line naming the file otherwise
+    bad = _non_finite(data)
+    if bad is not None:  # 1e400 reads as inf, NaN as nan: convert wrote rms_norm_eps inf into model.yaml
+        raise MigrateError(f"config.json in {folder}: {bad[0]} is {bad[1]}, not a finite number")
     # The two fields that pick a keymap and a model class: names, or nothing.
     model_type, archs = data.get("model_type"), data.get("architectures")
     if model_type is not None and not isinstance(model_type, str):
@@ -37,6 +41,18 @@ def read_raw_config(folder: Path) -> dict:
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise MigrateError(f"config.json in {folder}: architectures must be a list of names, got {quote(archs)}")
     return data
+
+
+def _non_finite(value, where: str = "") -> tuple[str, float] | None:
+    """(dotted field, value) of the first NaN or infinite number in a config, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "a value", value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def load_hf_config(folder: Path, keymap=None) -> dict:

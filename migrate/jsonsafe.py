@@ -82,12 +82,32 @@ def parse_json(raw: bytes | str, where: str, expect: type | tuple[type, ...] | N
     if json_depth(raw) > MAX_JSON_DEPTH:
         raise JSONError(f"{where}: nested more than {MAX_JSON_DEPTH} levels deep; refused")
     try:
-        value = json.loads(text, parse_float=parse_float)
+        value = json.loads(text, parse_float=parse_float, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise JSONError(f"{where}: key {exc.args[0]!r} appears twice in one object; which one is meant is "
+                        f"ambiguous"[:300]) from None
     except (ValueError, RecursionError) as exc:
         raise JSONError(f"{where}: not JSON ({_first_line(exc)})") from None
     if expect is not None and not isinstance(value, expect):
         raise JSONError(f"{where}: expected {_kind(expect)}, found {_kind(type(value))}")
     return value
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object whose keys are all different: json keeps the last of a repeated key silently (a
+    config.json with num_hidden_layers twice was planned with the second)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
 
 
 def load_json(path: str | Path, what: str = "", expect: type | tuple[type, ...] | None = None,
@@ -97,6 +117,8 @@ def load_json(path: str | Path, what: str = "", expect: type | tuple[type, ...] 
     A file that cannot be opened raises its OSError (the command line turns it into one line)."""
     path = Path(path)
     where = f"{what} {path}" if what else str(path)
+    if path.exists() and not path.is_file():  # open() of a FIFO blocks until a writer comes: refuse first
+        raise JSONError(f"{where}: not a regular file")
     with open(path, "rb") as fh:
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:

@@ -31,6 +31,7 @@ layer's input (e·sbh) and rebuilds one layer at a time.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from migrate.dtype_names import PRECISIONS, SPELLINGS
 from migrate.errors import MigrateError
 from migrate.models.registry import family_of
-from migrate.parallel.layout import Layout, kv_replicated, validate
+from migrate.parallel.layout import MAX_DEVICES, Layout, kv_replicated, validate
 
 KiB, MiB, GiB = 2 ** 10, 2 ** 20, 2 ** 30
 DTYPE_BYTES = {spelling: PRECISIONS[name].bytes for spelling, name in SPELLINGS.items()}
@@ -282,7 +283,9 @@ class PlanResult:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """n's divisors in increasing order, in O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def plan(config, devices: int, device_memory_bytes: int, seq_length: int, global_batch: int,
@@ -298,6 +301,8 @@ def plan(config, devices: int, device_memory_bytes: int, seq_length: int, global
         raise MigrateError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16")
     if devices < 1 or global_batch < 1 or seq_length < 1:
         raise MigrateError("devices, global_batch and seq_length must be >= 1")
+    if devices > MAX_DEVICES:
+        raise MigrateError(f"--devices {devices:,} is more than any cluster ({MAX_DEVICES:,} at most)")
     result = PlanResult(config, devices, device_memory_bytes, seq_length, global_batch, dtype,
                         optimizer_shard, profile)
     order = {name: i for i, name in enumerate(RECOMPUTE)}

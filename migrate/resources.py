@@ -3,10 +3,12 @@ refused in one line when it cannot fit, instead of a MemoryError traceback (or t
 killer) after minutes of loading.
 
     need_memory(cache_bytes, "the KV cache for --cache-len 1000000")
-    # migrate: error: the KV cache for --cache-len 1000000 needs 58.2 TiB; this machine has 19.1 GiB available
+    # migrate: error: the KV cache for --cache-len 1000000 needs at least 58.2 TiB; this machine has
+    # 19.1 GiB of memory available
 
-The estimates are lower bounds of what the command allocates (the one big array an option sizes),
-so a refusal is never wrong; a request just under the line may still fail later.
+The estimates are lower bounds of what the command allocates (the one big array an option sizes,
+not the model beside it), and the line says so: a refusal is never wrong, and a request just under
+the line may still fail later.
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ def human_bytes(n: float) -> str:
 
 
 def need_memory(need: float, what: str, available: int | None = None) -> None:
-    """Refuse (MigrateError) when `need` bytes exceed the memory available now."""
+    """Refuse (MigrateError) when `need` bytes, a lower bound of the allocation, exceed the memory available now."""
     available = available_bytes() if available is None else available
     if need > available:
-        raise MigrateError(f"{what} needs {human_bytes(need)}; this machine has {human_bytes(available)} "
+        raise MigrateError(f"{what} needs at least {human_bytes(need)}; this machine has {human_bytes(available)} "
                            f"of memory available")

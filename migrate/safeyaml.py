@@ -56,10 +56,13 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def _check_expansion(root: yaml.Node) -> None:
-    """Expanded node count of the composed graph (a shared node counts once per
-    reference) and its nesting depth (MAX_DEPTH), iteratively so that depth cannot exhaust the stack; a cycle (an
-    alias inside its own anchor) is refused."""
+    """Expanded node count of the composed graph (a shared node counts once per reference) and
+    its expanded nesting depth (MAX_DEPTH), iteratively so that depth cannot exhaust the stack; a
+    cycle (an alias inside its own anchor) is refused. A shared node is walked once, so its size and
+    its height (levels below it, aliases expanded) are kept: an alias adds them where it stands, and a
+    deep anchor reused under a deep alias is as deep as the document it expands to."""
     size: dict[int, int] = {}
+    height: dict[int, int] = {}
     on_path: set[int] = set()
     stack: list[tuple[yaml.Node, bool, int]] = [(root, False, 1)]
     while stack:
@@ -69,17 +72,37 @@ def _check_expansion(root: yaml.Node) -> None:
         key = id(node)
         if done:
             on_path.discard(key)
-            size[key] = 1 + sum(size[id(child)] for child in _children(node))
+            children = _children(node)
+            size[key] = 1 + sum(size[id(child)] for child in children)
+            height[key] = 1 + max((height[id(child)] for child in children), default=0)
             if size[key] > MAX_NODES:
                 raise _TooLarge()
+            if depth - 1 + height[key] > MAX_DEPTH:   # this node's depth plus what its aliases expand to
+                raise _TooDeep()
             continue
         if key in size:
             continue
         if key in on_path:
             raise yaml.YAMLError("an alias refers to its own anchor (a recursive structure)")
         on_path.add(key)
+        _check_unique_keys(node)
         stack.append((node, True, depth))
         stack.extend((child, False, depth + 1) for child in _children(node) if id(child) not in size)
+
+
+def _check_unique_keys(node: yaml.Node) -> None:
+    """A mapping naming one key twice is refused: PyYAML keeps the last silently (`total_steps: 4` then
+    `total_steps: 9` further down trained 9). A merge key (`<<`) may repeat."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen = set()
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if key.value in seen:
+            raise yaml.MarkedYAMLError(problem=f"key {clip(key.value, 80)!r} appears twice in one mapping",
+                                       problem_mark=key.start_mark)
+        seen.add(key.value)
 
 
 class _TooLarge(yaml.YAMLError):
@@ -111,8 +134,10 @@ def load_yaml(path: str | Path, what: str) -> Any:
     (e.g. "keymap", "model config") and the file."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():  # open() of a FIFO blocks until a writer comes: refuse first
+            raise MigrateError(f"cannot read {what} {path}: not a regular file")
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)  # bounded on the open file: a FIFO cannot run past it
+            raw = fh.read(MAX_BYTES + 1)  # bounded on the open file: a growing file cannot run past it
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise MigrateError(f"cannot read {what} {path}: {clip(getattr(exc, 'strerror', None) or exc)}") from None

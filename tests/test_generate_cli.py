@@ -192,6 +192,31 @@ def test_mindir_graphs_of_another_export_are_one_line_after_a_rehashed_manifest(
     assert "decode.mindir" in err and "mindir.json lists" in err, err
 
 
+def test_mindir_graphs_of_another_model_with_the_same_shapes_are_refused_after_a_rehashed_manifest(
+        folders, capsys, tmp_path):
+    """Both graphs replaced by an export of another model of identical shapes, the manifest re-hashed: the
+    graphs ran unnoticed (their outputs have the shapes mindir.json lists) unless MS_DIR was given. The
+    weights inside the graphs are hashed again and compared with what mindir.json records."""
+    other = tmp_path / "other_export"
+    assert main(["export", "--format", "mindir", str(folders / "other" / "ms"), str(other), "--batch", "2",
+                 "--prefill-len", "8", "--cache-len", "48"]) == 0
+    capsys.readouterr()
+
+    def swap(folder):
+        for graph in ("prefill", "decode"):
+            shutil.copy(other / f"{graph}.mindir", folder / f"{graph}.mindir")
+
+    swapped = _rehashed(folders / "mindir", tmp_path / "swapped", swap)
+    code, out, err = _run(capsys, "generate", "--mindir", swapped, "--ids", "1,2", "--max-new-tokens", "3")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not out, err
+    assert "prefill.mindir holds the weights of another model than mindir.json records" in err, err
+    # the two exports of two models record two fingerprints; each export's own graphs pass
+    ours, theirs = (json.loads((f / "mindir.json").read_text())["source"]["graph_weights_sha256"]
+                    for f in (folders / "mindir", other))
+    assert ours != theirs
+    assert _run(capsys, "generate", "--mindir", other, "--ids", "1,2", "--max-new-tokens", "2")[0] == 0
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda spec, tmp: spec["graphs"]["prefill"].update(file="../outside.mindir"),
      "prefill graph names a file outside the MindIR export: ../outside.mindir"),

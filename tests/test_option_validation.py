@@ -68,13 +68,13 @@ def test_a_bad_argument_is_one_line(capsys, tmp_path, argv, words):
 @pytest.mark.parametrize("argv, words", [
     # the cache's zeros: numpy's MemoryError (_ArrayMemoryError: 7.28 TiB) before
     (["generate", "{ms}", "--ids", "1,2,3", "--max-new-tokens", HUGE],
-     "the KV cache for prompt + --max-new-tokens 1,000,000,000,000 (1,000,000,000,003 slots) needs 232.8 TiB; "
+     "the KV cache for prompt + --max-new-tokens 1,000,000,000,000 (1,000,000,000,003 slots) needs at least 232.8 TiB; "
      "this machine has"),
     (["generate", "{ms}", "--ids", "1,2,3", "--cache-len", HUGE], "the KV cache for --cache-len 1,000,000,000,000 "
-                                                                  "needs 232.8 TiB"),
+                                                                  "needs at least 232.8 TiB"),
     (["export", "--format", "mindir", "{ms}", "{out}", "--cache-len", HUGE],
-     "the KV cache for --cache-len 1,000,000,000,000 (batch 1) needs 232.8 TiB"),
-    (["vocab", "resize", "{ms}", "{out}", "--to", HUGE], "resizing to 1,000,000,000,000 rows needs 232.8 TiB"),
+     "the KV cache for --cache-len 1,000,000,000,000 (batch 1) needs at least 232.8 TiB"),
+    (["vocab", "resize", "{ms}", "{out}", "--to", HUGE], "resizing to 1,000,000,000,000 rows needs at least 232.8 TiB"),
     # the seeded ids alone were 15 GiB (killed for memory here); one head's attention scores are more
     (["dump", "{ms}", "{out}", "--seq-len", str(10**9)], "a forward of --batch 2 × --seq-len 1,000,000,000 needs"),
     # 0 was read as "not given" and the export written with the default 1 / 64
@@ -89,6 +89,20 @@ def test_a_size_past_the_model_or_the_machine_is_refused_before_allocating(tiny,
     argv = [a.format(ms=tiny / "ms", out=out) for a in argv]
     message = refused(capsys, argv, words, out, tmp_path / "out.yaml")
     assert "needs" not in words or message.endswith("of memory available")   # the machine's figure beside
+    assert "needs" not in words or "needs at least" in message   # a lower bound (the model comes on top): said so
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--ids", "-1,2"], "--ids: token ids are 0 or more, got -1 in '-1,2'"),   # was "expected one argument"
+    (["--ids", "-1 2"], "--ids: token ids are 0 or more, got -1"),
+    (["--ids=-1,2"], "--ids: token ids are 0 or more, got -1"),
+    (["--ids", "1_000"], "--ids takes token ids separated by commas or spaces, got '1_000'"),  # int() read 1000
+    (["--ids", "+1,2"], "--ids takes token ids separated by commas or spaces, got '+1,2'"),
+    (["--ids", "\u0661,2"], "--ids takes token ids"),                  # an Arabic-Indic one: int() read 1
+    (["--ids", "1.5,2"], "--ids takes token ids"),
+])
+def test_generate_ids_are_plain_non_negative_numbers(tiny, capsys, argv, words):
+    refused(capsys, ["generate", tiny / "ms", *argv, "--max-new-tokens", "2"], words)
 
 
 def test_a_config_with_no_layers_is_refused(tmp_path, capsys, tiny):
@@ -135,9 +149,10 @@ def _peft(folder, tiny, config=None, dtype=np.float32):
     return folder
 
 
-def test_a_plain_peft_adapter_imports(tiny, tmp_path):
-    assert main(["lora", "import", str(_peft(tmp_path / "peft", tiny)), str(tmp_path / "out"),
-                 "--model", str(tiny / "ms")]) == 0
+@pytest.mark.parametrize("init", [True, False, "gaussian", "eva", "orthogonal"])  # the base left as it was
+def test_a_plain_peft_adapter_imports(tiny, tmp_path, init):
+    assert main(["lora", "import", str(_peft(tmp_path / "peft", tiny, {"init_lora_weights": init})),
+                 str(tmp_path / "out"), "--model", str(tiny / "ms")]) == 0
 
 
 @pytest.mark.parametrize("config, dtype, words", [
@@ -147,6 +162,16 @@ def test_a_plain_peft_adapter_imports(tiny, tmp_path):
     ({"use_dora": "true"}, np.float32, "use_dora must be true or false, got 'true'"),   # a string was read as off
     ({"lora_something_new": {"k": 1}}, np.float32, "'lora_something_new' is not a LoraConfig field of PEFT 0.21"),
     ({}, np.int8, "is I8; LoRA weights are floating point"),            # int8 A and B were cast and imported
+    # these subtract their initial B·A from the base weights: imported as plain LoRA on the original base before
+    ({"init_lora_weights": "pissa"}, np.float32, "init_lora_weights 'pissa' (PiSSA) changed the base model's weights"),
+    ({"init_lora_weights": "pissa_niter_4"}, np.float32, "init_lora_weights 'pissa_niter_4' (PiSSA) changed"),
+    ({"init_lora_weights": "olora"}, np.float32, "init_lora_weights 'olora' (OLoRA) changed the base model's"),
+    ({"init_lora_weights": "corda"}, np.float32, "(CorDA) changed the base model's weights"),
+    ({"init_lora_weights": "loftq"}, np.float32, "(LoftQ) changed the base model's weights"),
+    ({"init_lora_weights": "mica"}, np.float32, "init_lora_weights 'mica' (MiCA: lora_B frozen in training)"),
+    ({"init_lora_weights": "pissa_plus"}, np.float32, "init_lora_weights 'pissa_plus' is not an initialisation"),
+    ({"init_lora_weights": ["pissa"]}, np.float32, "init_lora_weights ['pissa'] is not an initialisation"),
+    ({"init_lora_weights": 1}, np.float32, "init_lora_weights 1 is not an initialisation"),
 ])
 def test_peft_features_lora_cannot_express_are_refused(tiny, tmp_path, capsys, config, dtype, words):
     peft = _peft(tmp_path / "peft", tiny, config, dtype)

@@ -225,19 +225,31 @@ def test_convert_checks_its_yaml_before_converting(capsys, tmp_path, root):
 
 
 def test_file_outputs_replace_what_the_rule_allows(tmp_path, root):
-    """A report, plot or comparison JSON outside the inputs is regenerated in place; RUN/report.html
-    (report's own default) may be named; a folder or a link is never a file output."""
+    """A report, plot or comparison JSON outside the inputs is regenerated in place over one migrate
+    wrote, never over another file (`report -o run.yaml` replaced the run config with HTML);
+    RUN/report.html (report's own default) may be named; a folder or a link is never a file output."""
     parser = build_parser()
 
     def guard(*argv):
         guard_outputs(parser.parse_args([str(a) for a in argv]))
 
-    old = tmp_path / "old.html"
-    old.write_text("an old report")
+    from migrate.errors import MigrateError
+
+    old, old_json = tmp_path / "old.html", tmp_path / "old.json"
+    old.write_text("<!DOCTYPE html>\n<html><head><title>Training run report: run</title>")
+    old_json.write_text('{\n  "schema_version": 1,\n  "tool": "migrate compare"\n}\n')
     guard("report", root / "run", "-o", old)
     guard("report", root / "run", "-o", root / "run" / "report.html")
-    guard("compare", root / "run", root / "run", "--json", old)
-    from migrate.errors import MigrateError
+    guard("compare", root / "run", root / "run", "--json", old_json)
+    for argv in (["report", root / "run", "-o"], ["compare", root / "run", root / "run", "--json"],
+                 ["compare", root / "run", root / "run", "--plot"]):
+        mine = tmp_path / "mine.yaml"
+        mine.write_text("keep: me\n")
+        with pytest.raises(MigrateError, match="exists and was not written by migrate"):
+            guard(*argv, mine)
+        assert mine.read_text() == "keep: me\n"
+    with pytest.raises(MigrateError, match="not written by migrate"):   # a report is not a comparison JSON
+        guard("compare", root / "run", root / "run", "--json", old)
 
     with pytest.raises(MigrateError, match="is a folder"):
         guard("compare", root / "run", root / "run", "--json", tmp_path)
@@ -250,6 +262,22 @@ def test_file_outputs_replace_what_the_rule_allows(tmp_path, root):
     (side / "effective_hparams.json").write_text("{}\n")
     with pytest.raises(MigrateError, match="is the input"):  # beside a metrics file: its hparams, read too
         guard("compare", side / "metrics.jsonl", side / "metrics.jsonl", "--json", side / "effective_hparams.json")
+
+
+def test_what_migrate_regenerates_carries_its_signature(root, tmp_path):
+    """The report, the comparison JSON and the plot migrate writes are recognised as its own (so a
+    second run replaces them) by the signatures the output rule looks for."""
+    from migrate.checkpoints.output_guard import COMPARE_JSON_SIGNATURE, PNG_SIGNATURE, REPORT_SIGNATURE
+
+    out = tmp_path / "again"
+    for argv in (["report", root / "run", "-o", out / "r.html"],
+                 ["compare", root / "run", root / "run", "--json", out / "c.json", "--plot", out / "c.png"]):
+        out.mkdir(exist_ok=True)
+        assert main([str(a) for a in argv]) in (0, 1)
+        assert main([str(a) for a in argv]) in (0, 1)   # the second run replaces the first's files
+    assert REPORT_SIGNATURE in (out / "r.html").read_bytes()[:4096]
+    assert COMPARE_JSON_SIGNATURE in (out / "c.json").read_bytes()[:4096]
+    assert PNG_SIGNATURE in (out / "c.png").read_bytes()[:4096]
 
 
 def test_declared_constants_match_the_library():

@@ -315,6 +315,19 @@ def test_a_deeply_nested_run_yaml_is_refused(capsys, tmp_path):
     refused(capsys, "train", "--config", tmp_path / "run.yaml", match="run.yaml: nested more than 100 levels deep")
 
 
+def test_a_run_yaml_nested_deep_only_through_an_alias_is_refused(capsys, tmp_path):
+    """60 levels defined under an anchor, used once at the top and once under 50 more levels: the
+    document expands to 110 levels. Depth was counted where the walk first met the anchor (the shallow
+    use), and the deep use went through."""
+    anchor = "[" * 60 + "]" * 60
+    (tmp_path / "run.yaml").write_text(f"a: &deep {anchor}\nb: {'[' * 50}*deep{']' * 50}\nc: *deep\n")
+    refused(capsys, "train", "--config", tmp_path / "run.yaml", match="run.yaml: nested more than 100 levels deep")
+    # the same anchor used only where it stays within the bound is read: the refusal is of the depth
+    (tmp_path / "ok.yaml").write_text(f"a: &deep {anchor}\nb: {'[' * 30}*deep{']' * 30}\nc: *deep\n")
+    from migrate.safeyaml import load_yaml
+    assert load_yaml(tmp_path / "ok.yaml", "run config")["b"][0][0][0] is not None
+
+
 # ---------- HF folders ----------
 def test_inspect_lists_a_tensor_of_a_dtype_convert_cannot_read(world, capsys, tmp_path):
     hf = Path(shutil.copytree(world / "hf", tmp_path / "hf"))

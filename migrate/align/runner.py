@@ -118,6 +118,8 @@ def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padde
         config.vocab_size, batch, seq_len, seed, padded, pad_id=config.pad_token_id or 0)
     if inputs.ids.max() >= config.vocab_size:
         raise MigrateError("token ids exceed the model's vocabulary")
+    if generate:
+        _check_generation_length(config, int(inputs.valid[0].sum()), generate)
 
     report = Report(
         dtype=dtype, inputs=inputs.description, seed=seed, ref_dir=hf_dir, got_dir=ms_dir,
@@ -200,6 +202,16 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) 
         exact = torch_adamw_step(*one, lr=lr, exact=True, **ADAMW)[name] if twin else None
         report.add(name, ref_after, ms_after.pop(name), kind="param_after_step", exact=exact)
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
+
+
+def _check_generation_length(config, prompt_len: int, steps: int) -> None:
+    """--generate compares greedy tokens within the positions the model was built for: past them HF warns
+    ("performance degradation") and goes on, and --generate 10**12 ran for ever (HF's cache grows)."""
+    positions = config.seq_length
+    if prompt_len + steps > positions:
+        raise MigrateError(f"--generate {steps:,} after the {prompt_len}-token prompt runs past the model's "
+                           f"{positions:,} positions (max_position_embeddings); generate at most "
+                           f"{max(positions - prompt_len, 0):,}")
 
 
 def _generation(report, hf_side, ms_side, inputs, steps, hf_dir) -> None:

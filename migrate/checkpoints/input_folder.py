@@ -19,6 +19,7 @@ inside the hub cache repository holding it) is this rule with one more root.
 """
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,9 +61,16 @@ class InputFolder:
             except OSError:
                 raise MigrateError(f"{named_by} names {name}, which is not in {self.path}") from None
             if not stat.S_ISREG(mode):
-                kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+                kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
+                if named_by == name:
+                    raise MigrateError(f"{path} is {kind}, not a file")
                 raise MigrateError(f"{named_by} names {name}, which is {kind} in {self.path}, not a file")
         return path
+
+    def optional(self, name: str) -> Path | None:
+        """Member `name` (a fixed file name) when the folder has one, under the rule (inside, a regular
+        file); None when there is none. A folder or a FIFO under that name is refused, not skipped."""
+        return self.member(name, name) if os.path.lexists(self.path / name) else None
 
     def json(self, name: str, named_by: str | None = None, expect: type | tuple[type, ...] | None = None,
              max_bytes: int = MAX_JSON_BYTES) -> Any:

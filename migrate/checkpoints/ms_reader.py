@@ -93,6 +93,8 @@ def open_ms_checkpoint(path: str | Path) -> MSCheckpoint:
     specs: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     placed = read_index(path)[1] if path.name.endswith(".index.json") else None
     for file in files:
+        if file.is_file() and file.stat().st_size == 0:  # read as "no tensors": "21 parameters not loaded"
+            raise MigrateError(f"{file} is empty (0 bytes): a checkpoint cut short or never written")
         for name, dtype, shape in _file_specs(file, fmt):
             if placed is not None and placed.get(name) != file:
                 raise MigrateError(f"{file.name} holds {name}, which the index does not place there")

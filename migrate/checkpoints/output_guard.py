@@ -13,7 +13,9 @@ reads. `check_declared` runs that, and the rest of the rule for each kind of out
 output a verb declares (`migrate.cli_verbs`), all of them before the command writes any.
 A single-file output: never a folder or a link; an existing file is replaced only with the
 verb's --overwrite where it has one (and, for a YAML, only one migrate wrote: its first
-line), otherwise (reports, plots, comparison JSON, which migrate regenerates) it is replaced.
+line), otherwise (reports, plots, comparison JSON, which migrate regenerates) it is replaced
+when it is one of migrate's own (its `signature` in its first bytes): `report -o run.yaml`
+replaced the run config with HTML.
 """
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ _LEGACY = (("conversion.json", "tool", "migrate"),
            ("trainer_state.json", "format", "migrate-train-checkpoint"),
            ("data.json", "format", "migrate-tokens"))
 _MARKER_LIMIT = 1 << 24  # never read a huge file just to recognise a folder
+_SIGNATURE_SPAN = 4096   # a regenerated file's signature lies in its first bytes
+# What each file migrate regenerates in place holds near its start
+REPORT_SIGNATURE = b"<title>Training run report: "           # migrate report's HTML head
+COMPARE_JSON_SIGNATURE = b'"tool": "migrate compare"'          # migrate compare --json
+PNG_SIGNATURE = b"Software\x00migrate"                         # tEXt chunk of migrate's plots (judge.plot)
 
 
 def write_marker(folder: Path, command: str) -> None:
@@ -95,11 +102,12 @@ def check_apart(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
 
 
 def check_file_output(out: str | Path, *, overwrite: bool | None, inputs: Iterable[str | Path | None] = (),
-                      first_line: str | None = None) -> None:
+                      first_line: str | None = None, signature: bytes | None = None) -> None:
     """Refuse, with one line, a single-file output the command must not write or replace.
 
-    overwrite: the verb's --overwrite (None: it has none, and an existing file is replaced);
-    first_line: what the first line of a file migrate wrote starts with (replace only those)."""
+    overwrite: the verb's --overwrite (None: it has none, and an existing file it wrote is replaced);
+    first_line: what the first line of a file migrate wrote starts with (replace only those);
+    signature: bytes the first KiBs of a file migrate wrote hold (replace only those)."""
     out = Path(out)
     where = output_path(out)
     _check_name(out, where)
@@ -116,6 +124,9 @@ def check_file_output(out: str | Path, *, overwrite: bool | None, inputs: Iterab
         raise MigrateError(f"output {out} already exists (pass --overwrite to replace it)")
     if exists and first_line is not None and not _starts_with(where, first_line):
         raise MigrateError(f"output {out} was not written by migrate; --overwrite replaces only its own files")
+    if exists and signature is not None and not _holds(where, signature):
+        raise MigrateError(f"output {out} exists and was not written by migrate (a report, plot or comparison "
+                           f"JSON is regenerated in place only over its own); remove it or name another file")
     _check_writable(out, where.parent if exists else _nearest_existing(where))
 
 
@@ -123,6 +134,14 @@ def _starts_with(path: Path, prefix: str) -> bool:
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.readline().startswith(prefix)
+    except OSError:
+        return False
+
+
+def _holds(path: Path, signature: bytes) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return signature in fh.read(_SIGNATURE_SPAN)
     except OSError:
         return False
 

@@ -19,12 +19,12 @@ written as a single `model.ckpt` / `model.safetensors` with no index.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from migrate.byte_sizes import parse_size  # noqa: F401 -- the shard-size parser, imported from here too
 from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
@@ -44,30 +44,6 @@ def index_name(fmt: str) -> str:
 
 def shard_name(fmt: str, k: int, n: int) -> str:
     return f"model-{k:05d}-of-{n:05d}{FORMAT_SUFFIX[fmt]}"
-
-
-_UNITS = {
-    "": 1, "B": 1,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from an int or a string like "1.9GB", "500MB", "2GiB", "4096" (as HF's max_shard_size:
-    KB/MB/GB are powers of 10, KiB/MiB/GiB powers of 2)."""
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
-        value = int(size)
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(size))
-        unit = match.group(2).upper() if match else None
-        if unit not in _UNITS:
-            raise MigrateError(f"cannot read size {size!r}: use a number of bytes or a unit "
-                               "like 500MB, 1.9GB, 2GiB")
-        value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise MigrateError(f"size must be positive, got {size!r}")
-    return value
 
 
 def human(nbytes: int) -> str:

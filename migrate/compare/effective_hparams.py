@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.dtype_names import spelled
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
@@ -306,6 +307,8 @@ def cross_check(golden_metrics: Path, ms_metrics: Path, files: tuple[Any, Any] |
         golden_file, ms_file = (Path(f) for f in files)
         return compare_files(golden_file, ms_file)
     golden_file, ms_file = Path(golden_metrics).parent / FILE, Path(ms_metrics).parent / FILE
+    for f in (golden_file, ms_file):  # the reader rule: a folder, FIFO or link out of the run is refused, not skipped
+        InputFolder(f.parent, "run folder").optional(FILE)
     missing = [str(f) for f in (golden_file, ms_file) if not f.is_file()]
     if missing:
         return HparamsCheck(golden_file if golden_file.is_file() else None,

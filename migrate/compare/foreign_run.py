@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from migrate.compare.metrics_log import Run
+from migrate.compare.metrics_log import MAX_STEP, Run
 from migrate.errors import MigrateError
 
 __all__ = ["Rows", "number"]
@@ -38,6 +38,8 @@ class Rows:
         where = f"{self.path}:{line}"
         if step < 1:
             raise MigrateError(f"{where}: step {step}: steps start at 1")
+        if step > MAX_STEP:
+            raise MigrateError(f"{where}: step {step} is past any training run (at most {MAX_STEP})"[:300])
         if step in self.lines:
             raise MigrateError(f"{where}: step {step} already logged on line {self.lines[step]} "
                                "(a restarted run? give the log of one attempt)")

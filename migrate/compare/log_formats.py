@@ -29,6 +29,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 
 __all__ = ["LogFormat", "FORMATS", "Sample", "log_format", "printed_resolution", "FP32_HALF_ULP", "SNIFF_BYTES"]
@@ -47,9 +48,9 @@ class Sample:
         self.name = path.name
 
     def child(self, name: str) -> Path | None:
-        """The folder's file ``name``, if it is one."""
-        p = self.path / name
-        return p if self.is_dir and p.is_file() else None
+        """The folder's file ``name``, if it has one: under the reader rule (inside the folder, a regular
+        file; a link out of the run folder or a FIFO there is refused, not read or skipped)."""
+        return InputFolder(self.path, "run folder").optional(name) if self.is_dir else None
 
     @cached_property
     def head(self) -> bytes:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.compare.log_formats import LogFormat, log_format
 from migrate.errors import MigrateError
 from migrate.jsonsafe import parse_json
@@ -61,12 +62,18 @@ def _resolve(path: Any, role: str) -> Path:
         raise MigrateError(f"no {role} metrics file given")
     p = Path(path)
     if p.is_dir():
-        if (p / "metrics.jsonl").is_file():
-            return p / "metrics.jsonl"
+        member = InputFolder(p, "run folder").optional("metrics.jsonl")
+        if member is not None:
+            return member
         raise MigrateError(f"{p}: a folder without metrics.jsonl ({role} run)")
     if not p.exists():
         raise MigrateError(f"{p}: no such file ({role} metrics)")
     return p
+
+
+# Steps are held as int64 and plotted as float64: one past 2**53 is no training run's (10**30 ended in an
+# OverflowError traceback in a foreign log's reader)
+MAX_STEP = 2**53
 
 
 def _number(rec: dict, key: str, where: str, *, nullable: bool, optional: bool = False) -> float:
@@ -123,8 +130,8 @@ def read_metrics(path: Any, role: str = "metrics") -> Run:
                 raise MigrateError(f"{where}: missing key {key!r} (need {', '.join(REQUIRED_KEYS)})")
         step = rec["step"]
         if (isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step)
-                or step != int(step) or step < 1):
-            raise MigrateError(f"{where}: 'step' must be an integer >= 1, got {step!r}")
+                or step != int(step) or not 1 <= step <= MAX_STEP):
+            raise MigrateError(f"{where}: 'step' must be an integer in 1..{MAX_STEP}, got {step!r}"[:300])
         step = int(step)
         if step in seen_line:
             raise MigrateError(f"{where}: step {step} already logged on line {seen_line[step]}")

@@ -47,6 +47,8 @@ def detect_format(path: Any, role: str = "metrics") -> tuple[str, Path]:
     sample = Sample(p)
     if not sample.is_dir and not p.exists():
         raise MigrateError(f"{p}: no such file ({role} metrics)")
+    if not sample.is_dir and not p.is_file():  # a FIFO blocked compare forever on open(); a device never ends
+        raise MigrateError(f"{p}: not a regular file or folder ({role} metrics)")
     for claims in ("sniff", "fallback"):
         hits = []
         for fmt in formats():

@@ -6,9 +6,10 @@
 `export_mindir` writes, atomically, `prefill.mindir` and `decode.mindir` (`mindspore.export` of
 `CachedStep` at the prefill and the one-token shapes; each holds its own copy of the weights),
 `mindir.json` (every input and output with name, dtype and shape, the static shapes, the stop
-and pad ids, the tokenizer files, and the source model's config and checkpoint sha256), the
-tokenizer files and a `manifest.json`. `MindIRRunner` runs them through `mindspore.load` +
-`nn.GraphCell`: no model code and no checkpoint, only this folder.
+and pad ids, the tokenizer files, the source model's config and checkpoint sha256, and the sha256 of
+the weights inside the graphs: `migrate.infer.mindir_weights`), the tokenizer files and a
+`manifest.json`. `MindIRRunner` runs them through `mindspore.load` + `nn.GraphCell`: no model code
+and no checkpoint, only this folder.
 
 MindSpore Lite takes the same files: its cloud-inference runtime loads a `.mindir` directly
 (`mindspore_lite.Model().build_from_file(path, ModelType.MINDIR, context)`, then `predict` with
@@ -33,6 +34,7 @@ from migrate.checkpoints.manifest import sha256_files, verify_manifest, write_ma
 from migrate.checkpoints.ms_reader import checkpoint_files
 from migrate.dtype_names import PRECISIONS, canonical_dtype
 from migrate.errors import MigrateError
+from migrate.infer.mindir_weights import graph_weights_sha256
 from migrate.infer.runners import learned_positions
 from migrate.infer.sizes import cache_bytes
 from migrate.infer.special_ids import stop_and_pad
@@ -44,7 +46,7 @@ from migrate.resources import need_memory
 from migrate.safeyaml import quote
 from migrate.sidecar import copy_sidecars
 
-FORMAT, VERSION = "migrate-mindir", 1
+FORMAT, VERSION = "migrate-mindir", 2  # 2: source.graph_weights_sha256 (migrate.infer.mindir_weights)
 SPEC_FILE = "mindir.json"
 GRAPHS = ("prefill", "decode")
 _NP = {"int32": np.int32, "float32": np.float32, "float16": np.float16}
@@ -125,6 +127,10 @@ def _export(ms_dir: Path, out, batch: int, prefill_len: int, cache_len: int, com
                       else ms.ops.zeros(tuple(s["shape"]), act) for s in specs[graph]["inputs"]]
             ms.export(step, *inputs, file_name=str(tmp / graph), file_format="MINDIR")
             _usual_mode(tmp / f"{graph}.mindir")  # mindspore.export writes them read-only (0o400)
+        exported = InputFolder(tmp, "MindIR export")
+        held = {graph_weights_sha256(exported, specs[g]["file"]) for g in GRAPHS}
+        if len(held) != 1:  # one model's weights in both: mindspore.export stored what the step holds
+            raise MigrateError(f"the exported graphs hold different weights ({sorted(held)})")
         record = {
             "format": FORMAT, "version": VERSION,
             "batch": batch, "prefill_len": prefill_len, "cache_len": cache_len,
@@ -133,7 +139,8 @@ def _export(ms_dir: Path, out, batch: int, prefill_len: int, cache_len: int, com
             "graphs": specs,
             "tokenizer": copy_sidecars(ms_dir, tmp) or None,
             "source": {"folder": str(ms_dir), "model_class": config.to_dict().get("model_class"),
-                       "config": config.to_dict(), "weights_sha256": weights_digest(ms_dir)},
+                       "config": config.to_dict(), "weights_sha256": weights_digest(ms_dir),
+                       "graph_weights_sha256": held.pop()},
         }
         atomic_write_text(tmp / SPEC_FILE, json.dumps(record, indent=1, default=str) + "\n")
         write_manifest(tmp)
@@ -174,6 +181,13 @@ def read_spec(folder) -> dict:
     verify_manifest(folder)  # a missing, changed or extra file is named here
     for graph in GRAPHS:  # the manifest lists what is there; the rule, where the spec may point
         files.member(spec["graphs"][graph]["file"], f"{SPEC_FILE}'s {graph} graph")
+    recorded = spec["source"]["graph_weights_sha256"]
+    for graph in GRAPHS:  # a manifest re-hashed over another model's graphs of the same shapes: the weights tell
+        name = spec["graphs"][graph]["file"]
+        held = graph_weights_sha256(files, name)
+        if held != recorded:
+            raise MigrateError(f"{folder / name} holds the weights of another model than {SPEC_FILE} records "
+                               f"(weights sha256 {held[:12]}…, recorded {recorded[:12]}…); export it again")
     return spec
 
 
@@ -196,6 +210,9 @@ def _spec_problem(spec: dict) -> str | None:
     source = spec["source"]
     if not isinstance(source, dict) or not isinstance(source.get("config"), dict):
         return "source must hold the exported model's config"
+    fingerprint = source.get("graph_weights_sha256")
+    if not isinstance(fingerprint, str) or len(fingerprint) != 64:
+        return f"source.graph_weights_sha256 must be the sha256 of the graphs' weights, found {quote(fingerprint)}"
     if source["config"].get("vocab_size") != vocab:
         return f"source config's vocab_size {quote(source['config'].get('vocab_size'))} is not vocab_size {vocab}"
     graphs = spec["graphs"]

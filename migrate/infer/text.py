@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,15 +30,16 @@ def load_tokenizer(folder):
 
 def parse_ids(text: str) -> list[int]:
     """'1,2,3' or '1 2 3' -> [1, 2, 3]; an empty entry ('1,,2', '1,') is refused, not skipped:
-    a dropped id would silently change the prompt."""
+    a dropped id would silently change the prompt. Each id is written in ASCII digits: int() would
+    also read '+1', '1_000' and other scripts' digits, none of which is a token id someone meant."""
     pieces = [p.strip() for p in text.split(",")]
     parts = [q for p in pieces for q in p.split()]
-    try:
-        if not parts or any(not p for p in pieces):
-            raise ValueError
+    if parts and all(pieces) and all(re.fullmatch(r"-?[0-9]+", p) for p in parts):
+        negative = [p for p in parts if p.startswith("-")]
+        if negative:
+            raise MigrateError(f"--ids: token ids are 0 or more, got {negative[0]} in {text!r}"[:200])
         return [int(p) for p in parts]
-    except ValueError:
-        raise MigrateError(f"--ids takes token ids separated by commas or spaces, got {text!r}"[:200]) from None
+    raise MigrateError(f"--ids takes token ids separated by commas or spaces, got {text!r}"[:200])
 
 
 def encode_prompts(texts: list[str], ids: list[str], tokenizer, folder) -> list[list[int]]:

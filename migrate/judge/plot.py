@@ -28,7 +28,7 @@ def figure(width: float, height: float) -> Any:
 
 def png_bytes(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", metadata={"Software": "migrate"})  # what lets it be regenerated in place
     return buf.getvalue()
 
 

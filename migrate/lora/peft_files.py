@@ -27,6 +27,7 @@ from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json
 from migrate.lora.spec import ALL_LINEAR, LoraSpec
 from migrate.lora.targets import PEFT_PREFIX
+from migrate.safeyaml import quote
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -102,13 +103,40 @@ _FEATURES = {"rank_pattern": "rank_pattern (per-module ranks or alphas)",
 # the weights or runs (the weights in the file are what counts).
 _NEUTRAL = {"peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "bias", "target_modules",
             "task_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision", "inference_mode",
-            "exclude_modules", "init_lora_weights", "layers_to_transform", "layers_pattern", "megatron_core",
+            "exclude_modules", "layers_to_transform", "layers_pattern", "megatron_core",
             "loftq_config", "eva_config", "corda_config", "lora_ga_config", "qalora_group_size",
             "ensure_weight_tying", "runtime_config"}
 
 
 def _empty(value) -> bool:
     return value is None or value is False or value == {} or value == [] or value == ""
+
+
+# init_lora_weights: how PEFT initialised A and B. Most leave the base model as it was, so the saved A
+# and B are the whole adapter. PiSSA, OLoRA, CorDA, LoftQ and LoRA-GA subtract their initial B·A from
+# the base weights (or quantize them): the adapter only means something on that *modified* base, which
+# the folder does not hold. PEFT converts such an adapter to a plain one on the original base when it
+# is saved with `path_initial_model_for_weight_conversion` (its config then says true). MiCA freezes B
+# in training, which the MindSpore LoRA cannot express.
+_PLAIN_INIT = ("gaussian", "eva", "orthogonal")   # besides true and false
+_BASE_CHANGING_INIT = {"pissa": "PiSSA", "olora": "OLoRA", "corda": "CorDA", "loftq": "LoftQ", "lora_ga": "LoRA-GA"}
+
+
+def _refuse_init(config: dict, where: Path) -> None:
+    value = config.get("init_lora_weights", True)
+    if isinstance(value, bool) or (isinstance(value, str) and value in _PLAIN_INIT):
+        return
+    if isinstance(value, str):
+        name = _BASE_CHANGING_INIT.get("pissa" if value.startswith("pissa_niter_") else value)
+        if name:
+            raise MigrateError(f"{where}: init_lora_weights {value!r} ({name}) changed the base model's weights, "
+                               "which this folder does not hold; save the adapter with PEFT's "
+                               "path_initial_model_for_weight_conversion to get one for the original base"[:300])
+        if value == "mica":
+            raise MigrateError(f"{where}: init_lora_weights 'mica' (MiCA: lora_B frozen in training) is not "
+                               "supported")
+    raise MigrateError(f"{where}: init_lora_weights {quote(value)} is not an initialisation of PEFT "
+                       f"{PEFT_VERSION} this LoRA can import (true, false, {', '.join(map(repr, _PLAIN_INIT))})"[:300])
 
 
 def _refuse_features(config: dict, where: Path) -> None:
@@ -125,7 +153,8 @@ def _refuse_features(config: dict, where: Path) -> None:
             raise MigrateError(f"{where}: {what} is not supported")
     if config.get("bias", "none") != "none":
         raise MigrateError(f"{where}: bias {config.get('bias')!r} (trained biases) is not supported; only 'none'")
-    unknown = sorted(k for k in config if k not in _NEUTRAL | set(_FLAGS) | set(_FEATURES) and not _empty(config[k]))
+    known = _NEUTRAL | set(_FLAGS) | set(_FEATURES) | {"init_lora_weights"}   # the last: _refuse_init
+    unknown = sorted(k for k in config if k not in known and not _empty(config[k]))
     if unknown:
         raise MigrateError(f"{where}: {unknown[0]!r} is not a LoraConfig field of PEFT {PEFT_VERSION} "
                            f"(a feature migrate cannot express, or not a PEFT adapter)"[:300])
@@ -141,6 +170,7 @@ def read_peft_adapter(folder: str | Path) -> PeftAdapter:
     if config.get("peft_type") != "LORA":
         raise MigrateError(f"{where}: peft_type {config.get('peft_type')!r} is not LORA")
     _refuse_features(config, where)
+    _refuse_init(config, where)
     rank = _field(config, "r", (int,), where, 8)
     alpha = _field(config, "lora_alpha", (int, float), where, 8)
     dropout = _field(config, "lora_dropout", (int, float), where, 0.0)

@@ -86,6 +86,10 @@ def open_ms_adapter(path: str | Path) -> Adapter:
     if tensors:
         raise MigrateError(f"{folder}: {ADAPTER_FILE} holds tensors lora.json does not name: "
                            f"{', '.join(list(tensors)[:3])}")
+    for module, (a, b) in weights.items():  # the scale is alpha / rank: a rank the weights do not have
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != spec.rank or b.shape[1] != spec.rank:  # scaled it to 0
+            raise MigrateError(f"{folder}: {module} A {list(a.shape)} / B {list(b.shape)} in {ADAPTER_FILE} are "
+                               f"not of the rank {spec.rank} {LORA_FILE} states"[:300])
     base = record.get("base") or {}
     return Adapter(folder, spec, weights, base.get("sha256"), Path(base["ms_model"]) if base.get("ms_model") else None)
 

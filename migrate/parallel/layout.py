@@ -77,6 +77,11 @@ def kv_replicated(layout: Layout, config) -> bool:
     return config.n_kv_heads % layout.mp != 0
 
 
+# More accelerators than any cluster has (the largest training runs use ~10^5): a layout past it is a
+# typo, and acting on it forked a process per rank (`train --dp 10**12`) or enumerated layouts for hours.
+MAX_DEVICES = 1 << 20
+
+
 def validate(layout: Layout, config) -> list[str]:
     """Every rule the layout breaks for this model, in a fixed order; empty when it is usable."""
     errors: list[str] = []
@@ -87,6 +92,9 @@ def validate(layout: Layout, config) -> list[str]:
     if errors:
         return errors
     dp, mp, pp = layout.dp, layout.mp, layout.pp
+    if dp * mp * pp > MAX_DEVICES:
+        return [f"dp × mp × pp = {dp:,} × {mp:,} × {pp:,} = {dp * mp * pp:,} ranks is more than any cluster "
+                f"({MAX_DEVICES:,} at most)"]
     if dp * mp * pp != layout.devices:
         errors.append(f"dp × mp × pp = {dp} × {mp} × {pp} = {dp * mp * pp}, but the world size is {layout.devices}")
     if config.num_layers % pp:

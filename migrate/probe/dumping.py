@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -103,6 +104,11 @@ def record(model, out: str | Path, *, statistics: bool = False, inputs: Inputs |
 def side_inputs(side: Side, inputs_file: str | Path | None, *, batch: int, seq_len: int, seed: int,
                 padded: bool) -> tuple[Inputs, bool]:
     """(inputs, written): read `inputs_file` when it exists, else seeded ids, written to it."""
+    if inputs_file is not None and os.path.lexists(inputs_file) and not Path(inputs_file).is_file():
+        # a folder ended in a rename error naming a temporary file; a FIFO was replaced by the seeded ids
+        kind = "a folder" if Path(inputs_file).is_dir() else "not a regular file"
+        raise MigrateError(f"--inputs {inputs_file} is {kind}; name an inputs file (.npz) to read, or a new one "
+                           "to write")
     if inputs_file is not None and Path(inputs_file).is_file():
         inputs = read_inputs(inputs_file)
         check_vocab(inputs, side.vocab_size, inputs_file)

@@ -12,14 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from migrate.checkpoints.output_guard import check_apart
-from migrate.errors import MigrateError
+from migrate.errors import MigrateError, MigrateErrors
+from migrate.resources import need_memory
 from migrate.train.building import trainable_model_config
 from migrate.train.checkpoint.folder import open_checkpoint
 from migrate.train.config import RunConfig
 from migrate.train.knob_faults import check_faults
 from migrate.train.launch.cluster import Cluster
-from migrate.train.launch.msrun import launch
+from migrate.train.launch.msrun import PROCESS_FLOOR, launch
 from migrate.train.parallel_setup import layout_errors, refuse_unsupported, run_layout_of
+from migrate.train.step.faults import parse_step_faults
 from migrate.train.trainer import check_resumable, train
 
 
@@ -50,16 +52,21 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if cfg.lora is not None and (layout.mp > 1 or layout.pp > 1):
         errors.append("a LoRA run trains with data parallelism only (--dp): --mp/--pp shard the kernels the "
                       "adapters wrap")
-    if step_faults and (layout.devices > 1 or cluster.nodes > 1):
+    step_faults = parse_step_faults(step_faults, cfg.total_steps)  # a step past the run's end: one line now
+    if step_faults.steps and (layout.devices > 1 or cluster.nodes > 1):
         errors.append("--step-fault rehearses the health watch in one process; drop --dp/--mp/--pp/--nodes")
     faults = check_faults(faults)
     if faults and (layout.devices > 1 or cluster.nodes > 1):
         errors.append("--fault injects a porting fault in one process; drop --dp/--mp/--pp/--nodes")
     if errors:
-        raise MigrateError("\n".join(errors))  # one line per broken rule
+        raise MigrateErrors(errors)  # one line per broken rule
     out_dir = Path(out) if out is not None else cfg.out_dir.ms
     echo(layout.batch_line(cfg.seq_length))
     refuse_unsupported(layout)
+    local = layout.devices // max(cluster.nodes, 1)
+    if local > 1:  # msrun forks one MindSpore process per local rank: --dp 10**12 forked until the OOM killer came
+        need_memory(local * PROCESS_FLOOR, f"--dp × --mp × --pp = {layout.devices:,} ranks ({local:,} MindSpore "
+                                           f"processes here, {PROCESS_FLOOR >> 20} MiB each before the model)")
     if resume is not None:
         check_resumable(open_checkpoint(resume), cfg, faults, layout)  # before any process starts
     if layout.devices == 1 and cluster.nodes == 1:

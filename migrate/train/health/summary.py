@@ -13,9 +13,11 @@ is ignored.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.errors import MigrateError
 from migrate.jsonsafe import JSONError, load_json, parse_json
 from migrate.safeyaml import quote
@@ -97,8 +99,11 @@ def summarise(run: str | Path) -> HealthSummary:
 def _records(path: Path) -> list[tuple[int, dict]]:
     """(line number, step record) of a .jsonl file, each line read as bounded JSON (`jsonsafe.parse_json`);
     a file that is not UTF-8, or a line that is not a step record, is one line naming it."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
+    # the reader rule: a member of the run folder, a regular file (a folder or FIFO there read as "no steps",
+    # exit 0 "healthy"; a link out of the folder was followed)
+    path = InputFolder(path.parent, "run folder").member(path.name, path.name)
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -85,6 +85,11 @@ def worker_args(config: Path, out: Path, log_dir: Path, layout, resume: Path | N
     return args
 
 
+# What one rank's MindSpore process holds before the model: `import mindspore` on CPU peaks at 399 MiB RSS
+# (MindSpore 2.10, measured); a lower bound of what each local rank costs, for refusing a --dp that cannot fit.
+PROCESS_FLOOR = 384 << 20
+
+
 def local_ranks(devices: int, cluster: Cluster) -> list[int]:
     """The global ranks msrun starts on this node (node_rank × local count onward)."""
     local = devices // cluster.nodes

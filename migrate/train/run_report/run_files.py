@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migrate.checkpoints.input_folder import InputFolder
 from migrate.compare.metrics_log import Run, read_metrics
 from migrate.errors import MigrateError
 from migrate.jsonsafe import load_json, parse_json
@@ -45,11 +46,12 @@ def read_run(path) -> RunFiles:
             rec = parse_json(line, f"{metrics.path}:{n}")  # read_metrics has checked every line
             records[int(rec["step"])] = rec
     run = RunFiles(folder, metrics, [records[s] for s in sorted(records)])
-    hp = folder / HPARAMS_FILE
-    if hp.is_file():
+    members = InputFolder(folder, "run folder")  # the reader rule: inside the run, regular files
+    hp = members.optional(HPARAMS_FILE)
+    if hp is not None:
         run.hparams = load_json(hp)  # bounded: one line naming the file otherwise
-    health = folder / HEALTH_FILE
-    if health.is_file():
+    health = members.optional(HEALTH_FILE)
+    if health is not None:
         run.health_found = True
         try:
             text = health.read_bytes().decode("utf-8")

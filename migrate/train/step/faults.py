@@ -37,8 +37,10 @@ class StepFaults:
         return [f"{kind}@{step}" for kind, steps in sorted(self.steps.items()) for step in sorted(steps)]
 
 
-def parse_step_faults(specs=()) -> StepFaults:
-    """KIND@STEP or KIND@FIRST-LAST (optimizer steps, 1-based); one MigrateError line for a bad one."""
+def parse_step_faults(specs=(), total_steps: int | None = None) -> StepFaults:
+    """KIND@STEP or KIND@FIRST-LAST (optimizer steps, 1-based); one MigrateError line for a bad one,
+    or (given the run's `total_steps`) for a step the run never reaches: the rehearsal would end
+    "healthy" without its fault, and FIRST-LAST 1-10**12 built a set of 10**12 steps."""
     if isinstance(specs, StepFaults):
         return specs
     steps: dict[str, set[int]] = {}
@@ -51,5 +53,7 @@ def parse_step_faults(specs=()) -> StepFaults:
         last = int(match["last"] or first)
         if first < 1 or last < first:
             raise MigrateError(f"bad step fault {spec!r}: steps are 1-based and FIRST <= LAST")
+        if total_steps is not None and last > total_steps:
+            raise MigrateError(f"bad step fault {spec!r}: the run has {total_steps} steps (total_steps)"[:300])
         steps.setdefault(match["kind"], set()).update(range(first, last + 1))
     return StepFaults({k: frozenset(v) for k, v in steps.items()})
