@@ -316,3 +316,18 @@ def test_a_fifo_named_as_a_yaml_or_json_file_is_refused_not_waited_on(root, tmp_
     os.mkfifo(fifo)
     with _Releaser(fifo):
         refused(capsys, *[a.format(root=root, fifo=fifo) for a in argv], match=words.format(fifo=fifo))
+
+
+def test_an_hf_tensor_of_the_wrong_shape_is_one_line_not_transformers_load_report(root, tmp_path, capfd):
+    from safetensors.numpy import load_file, save_file
+
+    hf = Path(shutil.copytree(root / "hf", tmp_path / "hf"))
+    weights = load_file(hf / "model.safetensors")
+    name = next(n for n in weights if n.endswith("q_proj.weight"))
+    weights[name] = weights[name][:1]
+    save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
+    capfd.readouterr()
+    code = main(["diff", str(hf), str(root / "ms")])
+    err = capfd.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("migrate: error: transformers cannot load") and name in err and "mismatch" in err

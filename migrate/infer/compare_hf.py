@@ -27,6 +27,7 @@ import torch
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.hf_config import dtype_kwargs
+from migrate.hf_loading import from_pretrained
 from migrate.infer.batch import Batch
 from migrate.infer.generate import Generation
 from migrate.infer.sampling import Sampling, softmax
@@ -65,18 +66,11 @@ class HFComparison:
 
 def load_hf_model(hf_dir, dtype: str = "fp32"):
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
     if not Path(hf_dir).is_dir():
         raise MigrateError(f"HF model folder not found: {hf_dir}")
-    try:
-        compute = getattr(torch, PRECISIONS[dtype].compute)
-        model = AutoModelForCausalLM.from_pretrained(str(hf_dir), **dtype_kwargs(compute), attn_implementation="eager",
-                                                     local_files_only=True)
-    except Exception as exc:
-        raise MigrateError(f"transformers cannot load {hf_dir}: {str(exc).strip().splitlines()[0]}") from None
-    return model.eval()
+    compute = getattr(torch, PRECISIONS[dtype].compute)
+    return from_pretrained(AutoModelForCausalLM, hf_dir, **dtype_kwargs(compute), attn_implementation="eager").eval()
 
 
 class _Follow:

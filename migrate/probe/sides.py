@@ -22,6 +22,7 @@ from typing import Any
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.hf_config import dtype_kwargs, read_raw_config
+from migrate.hf_loading import from_pretrained
 from migrate.keymap import resolve
 from migrate.probe.dump_format import MANIFEST, Dump, is_dump
 from migrate.safeyaml import clip
@@ -90,16 +91,10 @@ def load_hf_model(folder: Path, dtype: str, seed: int):
     """HF's own model of `folder` in `dtype`, dropout off. Eager attention: softmax in fp32 and an
     explicit additive mask, the formulation the bundled models reproduce."""
     import torch
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the dump / report is the output; no loading bars
     torch.manual_seed(seed)
     compute = getattr(torch, PRECISIONS[dtype].compute)  # "bf16" -> torch.bfloat16
-    try:
-        model = hf_model_class(folder).from_pretrained(str(folder), **dtype_kwargs(compute),
-                                                       attn_implementation="eager", local_files_only=True)
-    except Exception as exc:
-        raise MigrateError(f"transformers cannot load {folder}: {clip(str(exc).strip().splitlines()[0])}") from None
+    model = from_pretrained(hf_model_class(folder), folder, **dtype_kwargs(compute), attn_implementation="eager")
     model.eval()
     return model
 
