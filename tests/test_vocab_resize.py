@@ -94,7 +94,7 @@ def test_mean_init_and_padding_for_tensor_parallel(run_dir):
 @pytest.mark.parametrize("argv, message", [
     (["--pad-to-multiple", "64"], "already has 320 embedding rows: nothing to resize"),
     (["--to", "2"], "cannot trim to 2 rows: model.yaml's"),
-    (["--to", "400", "--init", "normal", "--std", "-1"], "--std must be a positive number"),
+    (["--to", "400", "--init", "normal", "--std", "-1"], "argument --std: must be a finite number > 0"),
 ])
 def test_refusals_are_one_line_and_write_nothing(run_dir, tmp_path, capsys, argv, message):
     out = tmp_path / "out"

@@ -204,14 +204,22 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) 
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
 
 
+# RoPE scalings made to run past max_position_embeddings (by their `factor`): dynamic NTK rescales there.
+_EXTENDING_ROPE = {"dynamic", "yarn", "longrope", "llama3", "linear"}
+
+
 def _check_generation_length(config, prompt_len: int, steps: int) -> None:
-    """--generate compares greedy tokens within the positions the model was built for: past them HF warns
-    ("performance degradation") and goes on, and --generate 10**12 ran for ever (HF's cache grows)."""
-    positions = config.seq_length
+    """--generate compares greedy tokens within the positions the model was built for (times a scaling
+    RoPE's factor): past them HF warns ("performance degradation") and goes on, and --generate 10**12 ran
+    for ever (HF's cache grows)."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    factor = scaling.get("factor") if scaling.get("rope_type", scaling.get("type")) in _EXTENDING_ROPE else None
+    extends = isinstance(factor, (int, float)) and factor > 1
+    positions = int(config.seq_length * factor) if extends else config.seq_length
     if prompt_len + steps > positions:
+        what = f"{config.seq_length:,} × its RoPE factor {factor:g}" if extends else "max_position_embeddings"
         raise MigrateError(f"--generate {steps:,} after the {prompt_len}-token prompt runs past the model's "
-                           f"{positions:,} positions (max_position_embeddings); generate at most "
-                           f"{max(positions - prompt_len, 0):,}")
+                           f"{positions:,} positions ({what}); generate at most {max(positions - prompt_len, 0):,}")
 
 
 def _generation(report, hf_side, ms_side, inputs, steps, hf_dir) -> None:
