@@ -151,3 +151,18 @@ def test_no_checkpoint_before_the_step_is_one_line_naming_the_interval(root, cap
     assert code == 2 and len(err) == 1, err
     assert "needs the golden state after step 2" in err[0] and "it has no checkpoint" in err[0]
     assert "a checkpoint_interval that divides 2 (1 does) would have written it" in err[0]
+
+
+def test_a_correct_bf16_step_replays_clean(root, tmp_path, capsys):
+    """bf16 rounds AdamW's m / sqrt(v) so that single near-zero-gradient elements of a correct step move
+    0.125 of their tensor's peak apart: the updates are held by their relative L2 error, and a correct
+    bf16 step passes every stage."""
+    run = tmp_path / "bf16"
+    shutil.copytree(root, run, ignore=shutil.ignore_patterns("golden", "ms_*"))
+    (run / "run.yaml").write_text(RUN.replace("total_steps: 6", "total_steps: 2") + "dtype: bf16\n")
+    golden.train(RunConfig.load(run / "run.yaml"), run / "golden", log=lambda line: None)
+    assert main(["train", "--config", str(run / "run.yaml"), "--out", str(run / "ms_bf16")]) == 0
+    code, out = replay(run, run / "ms_bf16", "--step", "2", "--mode", "pynative", capsys=capsys)
+    assert code == 0, out[-1500:]
+    assert last_line(out).endswith("every quantity agrees (forward, loss, gradients, grad norm, clip, lr, moments, "
+                                   "parameters)")

@@ -32,11 +32,13 @@ NORM_REL = {"fp32": 1e-5, "low": 5e-2}
 LR_REL = 1e-12            # the host computes the lr in doubles on both sides (compare's `lr` rule)
 CLIP_EPS_FLOOR = 2.5e-7   # |implied eps difference|, at least; a missing torch epsilon is 1e-6
 FP32_ULP = 2.0 ** -23     # the clip factor is an fp32 number: its rounding, times the norm, is the eps noise
-# A parameter's update, divided by its peak: (max abs, cosine), fp32 and bf16/fp16. AdamW's m/sqrt(v) turns a
-# gradient near zero into a move of up to lr whichever way its rounding falls, so single elements of a correct
-# step differ by 3e-4 of the peak (measured: the test model's embedding at step 2); a fault moves the whole
-# tensor (decayed norms: cosine 0.23) or scales it (no bias correction: x0.2 at step 3).
-UPDATE_BOUNDS = {"fp32": (1e-2, 0.9999), "low": (1e-1, 0.99)}
+# A parameter's update: (||B - A|| / ||A||, cosine), fp32 and bf16/fp16. AdamW's m/sqrt(v) turns a gradient
+# near zero into a move of up to lr whichever way its rounding falls, so single elements of a correct step
+# differ by 3e-4 of the peak in fp32 (the test model's embedding at step 2) and by 0.125 of it in bf16 (an
+# up_proj element; the peak-relative max abs bound of 0.1 failed that correct step): the whole tensor's
+# relative L2 error holds instead (bf16, clean: 6.2e-2 at most, on an 8-element bias; cosine 0.998). A
+# fault moves the whole tensor (decayed norms: cosine 0.23) or scales it (no bias correction: x0.2).
+UPDATE_BOUNDS = {"fp32": (1e-2, 0.9999), "low": (0.25, 0.99)}
 
 
 @dataclass
@@ -56,7 +58,7 @@ def judge_step(dtype: str, plan, names: list, golden: StepRecording, ms: StepRec
     """(the report, every item in step order). names: the MindSpore trained parameters in the model's
     order (embedding first); plan: the run's ConversionPlan; forward: `probe.live.Compared` of micro-batch 1."""
     rel, cosine = UPDATE_BOUNDS["fp32" if dtype == "fp32" else "low"]
-    bounds = Thresholds(dtype).with_overrides("param_after_step", max_abs=0.0, max_abs_rel=rel, cosine=cosine)
+    bounds = Thresholds(dtype).with_overrides("state", max_abs=math.inf, rel_l2=rel, cosine=cosine)
     report = Report(dtype=dtype, inputs="the rows of the replayed step (run order)", ref_label="golden",
                     got_label="MindSpore", thresholds=bounds)
     items: list[Item] = []
@@ -94,7 +96,7 @@ def judge_step(dtype: str, plan, names: list, golden: StepRecording, ms: StepRec
     for n in backward:  # the update each side applied: drift carried in the loaded state cancels
         what = f"update of {hf_name[n]}"
         a, b = to_peak(ref[n].astype(np.float64) - ref_before[n], ms.params[n].astype(np.float64) - ms.params_before[n])
-        entry = report.add(what, a, b, kind="param_after_step", block=what)
+        entry = report.add(what, a, b, kind="state", block=what)  # held by rel_l2 and cosine (UPDATE_BOUNDS)
         items.append(_item("parameters", what, entry))
     report.extra["scalars"] = [it.check.to_dict() for it in items if it.check is not None]
     report.finalize()
