@@ -247,6 +247,14 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def clip_eps() -> float:
+    """The epsilon clip_grad_norm_ adds to the norm (max_norm / (norm + eps)), measured on a float64 tensor."""
+    p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    p.grad = torch.ones(1, dtype=torch.float64)
+    torch.nn.utils.clip_grad_norm_([p], 0.5)
+    return float(f"{0.5 / float(p.grad[0]) - 1.0:.6g}")
+
+
 def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) -> dict:
     """What the live objects will actually do, for `migrate hparams` to compare."""
     import transformers
@@ -280,9 +288,11 @@ def effective_hparams(cfg: RunConfig, model, optimizer, scheduler, scaler=None) 
                       "lr": [float(base * lam(s)) for s in range(cfg.total_steps)],
                       "lr_index": "lr[i] is the lr of optimizer step i + 1"},
         "clipping": {"fn": "torch.nn.utils.clip_grad_norm_", "max_grad_norm": cfg.max_grad_norm or None,
-                     "norm_type": 2.0, "grad_norm_logged": "total norm before clipping"},
+                     "eps": clip_eps(), "norm_type": 2.0, "grad_norm_logged": "total norm before clipping"},
         "accumulation": {"grad_accum_steps": cfg.grad_accum_steps, "micro_batch_size": cfg.micro_batch_size,
                          "loss": "each micro-batch mean loss / grad_accum_steps before backward",
+                         # backward adds each micro-batch's gradient into p.grad, in the parameters' dtype
+                         "grad_dtype": _dtype_name(next(p for p in model.parameters() if p.requires_grad).dtype),
                          "tokens_per_step": cfg.samples_per_step * cfg.seq_length},
         "loss": {"fn": "HF ForCausalLMLoss", "input": "row[:-1]", "target": "row[1:]", "reduction": "mean"},
         "seed": cfg.seed,

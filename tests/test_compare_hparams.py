@@ -110,8 +110,7 @@ def test_a_knob_set_on_one_side_fails_and_is_named(root, tmp_path, capsys, monke
 
 def test_side_only_fields_and_spellings_do_not_fail(root, tmp_path, capsys):
     def edit(d):
-        d["clipping"]["eps"] = 0.0                     # MindSpore alone records the clip epsilon
-        d["accumulation"]["loss_divisor"] = 1          # ... and the loss divisor
+        d["accumulation"]["loss_divisor"] = 1          # MindSpore alone records the loss divisor
         d["throughput"] = {"peak_flops": 1.0}          # measured peak FLOPs
         d["parallel"] = {"dp": 2}                      # the parallel section
         d["faults"] = ["clip_no_eps"]

@@ -1,15 +1,19 @@
 """`migrate replay` names the stage and tensor where a one-sided fault parts the runs (issue 27).
 
-One tiny golden run of 6 steps with a checkpoint after every step, and one MindSpore run per fault,
-the fault starting at step k > 1 (`migrate train --fault NAME@K`), so both curves agree first. For
-each: `migrate compare` fails and its last line is the replay command; `migrate replay` (the step
-compare flags, walked back to the first whose saved states agree) names the right stage and tensor.
-A step of a run before its fault starts replays clean, and both sides reproduce their logged loss.
+One tiny golden run of 2 x 3 steps with a checkpoint after every step, and one MindSpore run per
+fault, the fault starting at step k = 3 (`migrate train --fault NAME@3`), so both curves agree
+first. For each: `migrate compare` fails and its last line is the replay command; `migrate replay`
+(the step compare flags, walked back to the first whose saved states agree) names the right stage
+and tensor, and the hyperparameter that reproduces it where one does (checked by re-running the
+golden's step with MindSpore's value). A step of a run before its fault starts replays clean, and
+both sides reproduce their logged loss.
 
 The run.yaml makes each fault show in 6 steps: weight decay 1.0 at lr 1e-2 (decaying the norm
 weights moves the loss within three steps), max_grad_norm 0.01 so every step clips (the clip
 epsilon), accumulation 2 (the divisor), warmup 2 (the late schedule shows at step 3). clip_no_eps
-starts at step 2: compare's clip rule averages over the clipped steps and needs five of six.
+and bf16_accum move no curve in 4 faulty steps of 6 (compare's clip rule was 7.30e-7 against its
+bound 7.48e-7): compare fails them on the knob both runs record (clip epsilon, accumulation dtype),
+which the trainer records again when a fault rebuilds its objects, with the step it starts at.
 The replays run the MindSpore step in PyNative (`--mode pynative`, no graph compile); one runs in
 the run's own graph mode.
 """
@@ -45,14 +49,25 @@ schedule: {name: cosine, warmup_steps: 2, min_lr_rate: 0.1}
 out_dir: {golden: golden, ms: ms_out}
 """
 
-# fault spec -> (the step replayed, the stage that parts first, what the line names)
+# fault spec -> (the step replayed, the stage that parts first, what the line names, how it ends: the
+# hyperparameter whose MindSpore value, tried in the golden's own step, reproduces MindSpore's numbers)
 FAULTS = {
-    "beta2@3": (3, "moments", "exp_avg_sq of lm_head.weight parts first"),
-    "decay_biases@3": (3, "parameters", "update of model.norm.weight parts first"),
-    "clip_no_eps@2": (3, "clip", "clip factor parts first"),
-    "lr_late@3": (3, "lr", "lr of the step parts first"),
-    "no_accum_scaling@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first"),
-    "head_grad_scale@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first"),
+    "beta2@3": (3, "moments", "exp_avg_sq of lm_head.weight parts first", "; beta2 0.999 vs 0.95 reproduces it"),
+    "decay_biases@3": (3, "parameters", "update of model.norm.weight parts first",
+                       "; weight decay applied to model.layers.0.input_layernorm.weight, "
+                       "model.layers.0.mlp.down_proj.bias and 17 more on MindSpore's side only reproduces it"),
+    "clip_no_eps@3": (3, "clip", "clip factor parts first", "; clip epsilon 1e-06 vs 0 reproduces it"),
+    "lr_late@3": (3, "lr", "lr of the step parts first", "; lr of step 3 1.00e-02 vs 5.00e-03 reproduces it"),
+    "no_accum_scaling@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first",
+                           "; accumulation divisor 2 vs 1 reproduces it"),
+    # no hyperparameter: the gradient seam of the backward
+    "head_grad_scale@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first",
+                          "; the two sides' hyperparameters (betas, eps, weight decay and its tensors, lr, clip "
+                          "epsilon, accumulation divisor) all agree"),
+    # every add rounded to 8 bits: no curve moves (compare fails on the accumulation dtype both runs record,
+    # from the step the fault rebuilt the MindSpore objects), and the gradients stay within the gradient bounds
+    "bf16_accum@3": (3, "accumulation", "accumulation of micro-batch 1's gradient into lm_head.weight parts first",
+                     "more part after it"),
 }
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread", "this_golden"), pytest.mark.slow]
@@ -105,12 +120,12 @@ def test_compare_fails_and_replay_names_the_stage_and_tensor(root, fault, capsys
     assert main(["compare", str(root / "golden"), str(run)]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"to see which tensor parts first: migrate replay {root / 'golden'} {run}"
-    step, stage, named = FAULTS[fault]
+    step, stage, named, ending = FAULTS[fault]
     code, out = replay(root, run, "--mode", "pynative", capsys=capsys)
     text = " ".join(out.split())
     print(f"\n[{fault}] {text[text.rfind('step ' + str(step) + ':'):]}")
     assert code == 1
-    assert f"step {step}: " in text and named in text
+    assert f"step {step}: " in text and named in text and text.endswith(ending)
     agreed = text[text.rfind(f"step {step}: "):].split(" agree;")[0]
     assert stage not in agreed  # the stage that parts is not among those said to agree
     for side in ("golden", "MindSpore"):  # the replayed step is the run's own step, bit for bit here
@@ -122,8 +137,8 @@ def test_a_step_before_the_fault_replays_clean_in_graph_mode(root, capsys, tmp_p
     code, out = replay(root, run, "--step", "2", "--report", str(tmp_path / "rep"), capsys=capsys)
     text = " ".join(out.split())
     assert code == 0, text[-400:]
-    assert text.endswith("step 2: every quantity agrees (forward, loss, gradients, grad norm, clip, lr, moments, "
-                         "parameters)")
+    assert text.endswith("step 2: every quantity agrees (forward, loss, accumulation, gradients, grad norm, clip, lr, "
+                         "moments, parameters)")
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert report["run"]["extra"]["step"] == 2 and report["summary"]["passed"] is True
     assert report["run"]["extra"]["verdict"] == {"passed": True, "first": None, "line": text[text.rfind("step 2:"):]}
@@ -164,5 +179,5 @@ def test_a_correct_bf16_step_replays_clean(root, tmp_path, capsys):
     assert main(["train", "--config", str(run / "run.yaml"), "--out", str(run / "ms_bf16")]) == 0
     code, out = replay(run, run / "ms_bf16", "--step", "2", "--mode", "pynative", capsys=capsys)
     assert code == 0, out[-1500:]
-    assert last_line(out).endswith("every quantity agrees (forward, loss, gradients, grad norm, clip, lr, moments, "
-                                   "parameters)")
+    assert last_line(out).endswith("every quantity agrees (forward, loss, accumulation, gradients, grad norm, clip, "
+                                   "lr, moments, parameters)")

@@ -137,5 +137,5 @@ def test_each_training_fault_adjusts_one_knob():
     assert changed == {"adam_eps": ["eps"], "no_bias_correction": ["bias_correction"], "decay_biases": ["decay_rule"],
                        "warmup_off_by_one": ["warmup_shift"], "no_accum_scaling": ["loss_divisor"],
                        "clip_no_eps": ["clip_eps"], "beta2": ["betas"], "lr_late": ["lr_lag"],
-                       "head_grad_scale": ["head_grad_factor"]}
+                       "head_grad_scale": ["head_grad_factor"], "bf16_accum": ["accum_dtype"]}
     assert apply_faults(knobs, ["adam_eps", "clip_no_eps"]) == dataclasses.replace(knobs, eps=1e-6, clip_eps=0.0)

@@ -9,7 +9,7 @@ elsewhere -- every knob both record with the same meaning is compared, and
 any difference fails the comparison, named with both values.
 
 Only knobs with one meaning on both sides are compared (`KNOBS`); fields one
-side alone records (MindSpore's loss divisor and clip epsilon, measured peak
+side alone records (MindSpore's loss divisor, measured peak
 FLOPs, the parallel section but its global batch, class names, paths,
 versions) are not, nor how a batch is split into ranks and micro-batches
 (the loss and gradient depend on the global batch alone). A knob
@@ -156,6 +156,9 @@ KNOBS: dict[str, tuple[Callable[[dict], Any], str]] = {
     "schedule_kwargs": (_path("scheduler", "kwargs"), "scheduler_specific_kwargs"),
     "lr": (_path("scheduler", "lr"), "lr of every optimizer step"),
     "clip_max_norm": (_path("clipping", "max_grad_norm"), "clip_grad_norm_ max_norm (null: no clipping)"),
+    "clip_eps": (_path("clipping", "eps"), "epsilon of the clip coefficient max_norm / (norm + eps)"),
+    "grad_accum_dtype": (_path("accumulation", "grad_dtype", dtype=True),
+                         "dtype each micro-batch's gradient is accumulated in"),
     "loss_scale": (_path("loss_scale"), "fp16 dynamic loss scale"),
     "weights_dtype": (_path("model", "weights_dtype", dtype=True), "master weights"),
     "autocast": (_path("model", "autocast", dtype=True), "autocast dtype (null: none)"),
@@ -197,6 +200,7 @@ class HparamsCheck:
     not_compared: list[str] = field(default_factory=list)   # knobs one file lacks
     skipped: str | None = None
     golden_max_norm: float | None = None   # the golden's clipping.max_grad_norm, for the clip rule
+    from_step: int | None = None           # the MindSpore file's live_from_step: its objects were rebuilt there
 
     @property
     def differing(self) -> list[KnobRow]:
@@ -268,6 +272,9 @@ def compare_files(golden_file: Path, ms_file: Path) -> HparamsCheck:
     max_norm = _get(golden, "clipping", "max_grad_norm")
     if isinstance(max_norm, (int, float)) and not isinstance(max_norm, bool) and max_norm > 0:
         check.golden_max_norm = float(max_norm)
+    since = ms.get("live_from_step")  # a fault started at that step (`migrate train --fault NAME@K`)
+    if isinstance(since, int) and not isinstance(since, bool) and since >= 1:
+        check.from_step = since
     for knob, (read, _) in KNOBS.items():
         g, m = read(golden), read(ms)
         if g is _ABSENT or m is _ABSENT:

@@ -1,13 +1,14 @@
 """Two recorded steps paired through the keymap and judged in the order the step computes them.
 
 Stages, in step order: forward activations per layer (micro-batch 1's forward, `probe.live`),
-loss (each micro-batch), gradients (the accumulators after each micro-batch, backward order:
-lm_head first), the global norm, the clip factor, the lr, the moments after the update, the
-updated parameters. Tensors are judged by the judge's `Report` (`migrate diff`'s bounds for
-gradients and parameters after a step; moments as gradients, divided by their peak, `to_peak`); the
-scalars by `Check`s whose bounds are set here. Golden arrays are carried to the MindSpore names
-through the run's conversion plan (`ConversionPlan.in_model_names`: moments and gradients
-transform like their parameters).
+loss (each micro-batch), the accumulation (MindSpore's: each micro-batch's gradient added to the
+accumulator as torch adds into the fp32 .grad, `ACCUM_REL`), gradients (the accumulators after
+each micro-batch, backward order: lm_head first), the global norm, the clip factor, the lr, the
+moments after the update, the updated parameters. Tensors are judged by the judge's `Report`
+(`migrate diff`'s bounds for gradients and parameters after a step; moments as gradients,
+divided by their peak, `to_peak`); the scalars by `Check`s whose bounds are set here. Golden
+arrays are carried to the MindSpore names through the run's conversion plan
+(`ConversionPlan.in_model_names`: moments and gradients transform like their parameters).
 
 The clip factor is judged through the epsilon it implies, max_norm / factor - norm, each side with
 its own norm and its own measured factor: the factor itself differs between the two sides by their
@@ -25,7 +26,7 @@ from migrate.judge.report import Report
 from migrate.judge.thresholds import Thresholds
 from migrate.replay.recording import StepRecording
 
-STAGES = ("forward", "loss", "gradients", "grad norm", "clip", "lr", "moments", "parameters")
+STAGES = ("forward", "loss", "accumulation", "gradients", "grad norm", "clip", "lr", "moments", "parameters")
 MOMENTS = ("exp_avg", "exp_avg_sq")
 # Scalars of one step replayed from the same state: (fp32, bf16/fp16) bounds
 NORM_REL = {"fp32": 1e-5, "low": 5e-2}
@@ -39,6 +40,13 @@ FP32_ULP = 2.0 ** -23     # the clip factor is an fp32 number: its rounding, tim
 # relative L2 error holds instead (bf16, clean: 6.2e-2 at most, on an 8-element bias; cosine 0.998). A
 # fault moves the whole tensor (decayed norms: cosine 0.23) or scales it (no bias correction: x0.2).
 UPDATE_BOUNDS = {"fp32": (1e-2, 0.9999), "low": (0.25, 0.99)}
+# MindSpore's accumulation of each micro-batch's gradient, against the golden's rule (torch adds it into
+# the fp32 .grad): the largest |acc - fp32(previous + added)| over |previous + added|, per tensor. One fp32
+# add rounds once, and numpy's float32 add is the device's, bit for bit: correct runs measure 0 (every one of
+# 70 tensor x micro-batch pairs, bf16 test run, step 3; fp32 the same). Accumulating in bf16 rounds each
+# operand and the sum to 8 bits (fault bf16_accum): 41 of those 70 part, median 3.3e-3, up to 0.65 where the
+# sum cancels; in fp32 runs the head's gradient 3.9e-3. The bound is one fp32 ulp, 2^-23, far from both.
+ACCUM_REL = 2.0 ** -23
 
 
 @dataclass
@@ -73,6 +81,7 @@ def judge_step(dtype: str, plan, names: list, golden: StepRecording, ms: StepRec
     for m, (a, b) in enumerate(zip(golden.losses, ms.losses, strict=True)):
         entry = report.add(f"loss, micro-batch {m + 1}", np.array(a), np.array(b), kind="loss")
         items.append(_item("loss", f"loss of micro-batch {m + 1}", entry))
+    items += _accumulation(ms, backward, hf_name)
     for m, (ga, gb) in enumerate(zip(golden.grads, ms.grads, strict=True)):
         ref = plan.in_model_names(ga)
         for n in backward:
@@ -98,9 +107,36 @@ def judge_step(dtype: str, plan, names: list, golden: StepRecording, ms: StepRec
         a, b = to_peak(ref[n].astype(np.float64) - ref_before[n], ms.params[n].astype(np.float64) - ms.params_before[n])
         entry = report.add(what, a, b, kind="state", block=what)  # held by rel_l2 and cosine (UPDATE_BOUNDS)
         items.append(_item("parameters", what, entry))
-    report.extra["scalars"] = [it.check.to_dict() for it in items if it.check is not None]
+    report.checks = [it.check for it in items if it.check is not None]  # part of its verdict, its own table
     report.finalize()
     return report, items
+
+
+def _accumulation(ms: StepRecording, backward: list, hf_name: dict) -> list[Item]:
+    """Per micro-batch and tensor (backward order): did MindSpore add the gradient it computed to the
+    accumulator as torch adds into .grad, one fp32 add (`ACCUM_REL`)? Nothing when the side handed no
+    added gradients."""
+    items = []
+    previous = None
+    for m, (acc, added) in enumerate(zip(ms.grads, ms.added, strict=True)):
+        if added is None:
+            return []
+        for n in backward:
+            before = np.zeros_like(added[n]) if previous is None else previous[n]
+            want = (before.astype(np.float32) + added[n].astype(np.float32)).astype(np.float64)
+            got = acc[n].astype(np.float64)
+            err = np.abs(got - want)
+            scale = np.maximum(np.abs(want), np.finfo(np.float32).tiny)
+            rel = float(np.max(err / scale)) if err.size else 0.0
+            what = f"accumulation of micro-batch {m + 1}'s gradient into {hf_name[n]}"
+            passed = bool(rel <= ACCUM_REL)
+            check = Check("accumulation", f"{what}: max |acc - fp32 sum| / |fp32 sum|", value=rel, limit=ACCUM_REL,
+                          passed=passed)
+            figure = (f"largest error {fmt_num(rel)} of the fp32 sum (bound {fmt_num(ACCUM_REL)}, one fp32 ulp; "
+                      f"bf16 rounds at {fmt_num(2.0 ** -9)})")
+            items.append(Item("accumulation", what, passed, figure, check=check))
+        previous = acc
+    return items
 
 
 def to_peak(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,9 @@
 """What one side's optimizer step computed, as its own step code reports it at its seams.
 
 Both trainers call the same three methods (golden/train_torch.py `optimizer_step`'s `observe`,
-`migrate.train.step.optimizer.SplitSteps`'s): ``micro`` after each micro-batch's backward,
-``clipped`` after clipping, ``stepped`` after AdamW. Arrays are numpy, by each side's own
+`migrate.train.step.optimizer.SplitSteps`'s): ``micro`` after each micro-batch's backward (the
+MindSpore side also hands the gradient that micro-batch added, `MicroStep.tap`; torch adds into
+.grad out of sight), ``clipped`` after clipping, ``stepped`` after AdamW. Arrays are numpy, by each side's own
 parameter names; the pairing is `judging`'s.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 class StepRecording:
     losses: list = field(default_factory=list)      # per micro-batch
     grads: list = field(default_factory=list)       # per micro-batch: name -> accumulated gradient so far
+    added: list = field(default_factory=list)       # per micro-batch: name -> the gradient it added (None: not seen)
     grad_norm: float | None = None                  # before clipping (unscaled)
     clipped_norm: float | None = None               # measured on the clipped gradients
     clipped_grads: dict | None = None               # name -> the gradient AdamW was handed (clipped, unscaled)
@@ -27,9 +29,10 @@ class StepRecording:
     forward: list = field(default_factory=list)     # `probe.live.Compared` of micro-batch 0's forward (set by judging)
 
     # ---- the seams
-    def micro(self, index: int, loss: float, grads: dict) -> None:
+    def micro(self, index: int, loss: float, grads: dict, added: dict | None = None) -> None:
         self.losses.append(float(loss))
         self.grads.append(grads)
+        self.added.append(added)
 
     def clipped(self, grad_norm: float, clipped_norm: float, grads: dict | None) -> None:
         self.grad_norm, self.clipped_norm, self.clipped_grads = float(grad_norm), float(clipped_norm), grads

@@ -15,6 +15,7 @@ from migrate.judge.report import Report
 from migrate.probe.inputs import Inputs
 from migrate.probe.live import paired_forward
 from migrate.probe.sides import Side, bundled_align
+from migrate.replay.explain import explain
 from migrate.replay.golden_side import golden_rows, golden_state, golden_step
 from migrate.replay.judging import Item, judge_step, summary_line
 from migrate.replay.ms_side import MSReplay
@@ -67,6 +68,9 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
         names = [p.name for p in training.model.trainable_params() if p.name in trained]  # the model's order
         report, items = judge_step(cfg.dtype, training.plan, names, g_rec, m_rec, forward, cfg.max_grad_norm,
                                    inv_scales)
+        first = next((it for it in items if not it.passed), None)
+        # the step's own objects: a fault starting at this step rebuilt them (`faults_from`)
+        why = explain(cfg, plan, names, ms.training, g_rec, m_rec, first, inv_scales)
     finally:
         ms.close()
     report.ref_dir, report.got_dir = str(plan.golden_run), str(plan.ms_run)
@@ -76,9 +80,8 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
              + (f"{plan.golden_checkpoint} and {plan.ms_checkpoint}" if plan.step > 1 else "the models (step 1)")]
     notes += walked
     notes += _own_log(plan, "golden", plan.golden_run, g_rec) + _own_log(plan, "MindSpore", plan.ms_run, m_rec)
-    line = summary_line(plan.step, items)
-    first = next((it for it in items if not it.passed), None)
-    # the replay's own verdict: the scalars (norm, clip, lr) are judged outside the report's tensor entries
+    line = summary_line(plan.step, items) + (f"; {why}" if why else "")
+    # the replay's own verdict, in words (the report's verdict holds the same checks: entries and `checks`)
     report.extra.update(notes=notes, verdict={"passed": first is None, "line": line, "first": None if first is None
                                               else {"stage": first.stage, "what": first.what, "figure": first.figure}})
     return ReplayResult(plan, report, items, line, notes)

@@ -137,7 +137,8 @@ def build_training(cfg: RunConfig, faults=(), model=None, model_config=None, wei
         groups = param_groups(model, cfg, plan, knobs.decay_rule)
     optimizer = AdamW(groups, lr=opt.lr, betas=knobs.betas, eps=knobs.eps, bias_correction=knobs.bias_correction)
     micro = MicroStep(model, list(optimizer.parameters), knobs.loss_divisor,
-                      grad_factors=head_factors(optimizer.parameters, knobs.head_grad_factor))
+                      grad_factors=head_factors(optimizer.parameters, knobs.head_grad_factor),
+                      accum_dtype=knobs.accum_dtype)
     scaler = DynamicLossScaler.from_config(cfg.loss_scale) if cfg.dtype == "fp16" else None
     clipper = GradClipper(cfg.max_grad_norm, eps=knobs.clip_eps, unscale=scaler is not None)
     schedule = LrSchedule(cfg, warmup_shift=knobs.warmup_shift, lag=knobs.lr_lag)
@@ -204,6 +205,7 @@ def effective_hparams(training: MSTraining, peak: dict | None = None) -> dict:
         "clipping": {"max_grad_norm": training.clipper.max_norm, "eps": training.clipper.eps, "norm_type": 2.0,
                      "grad_norm_logged": "total norm before clipping"},
         "accumulation": {"grad_accum_steps": cfg.grad_accum_steps, "loss_divisor": training.loss_divisor,
+                         "grad_dtype": training.micro.accum_dtype,
                          "micro_batch_size": cfg.micro_batch_size,
                          "tokens_per_step": cfg.samples_per_step * cfg.seq_length},
         "loss": {"fn": "mean cross-entropy of fp32 logits", "input": "row[:-1]", "target": "row[1:]"},

@@ -151,6 +151,8 @@ def golden_knobs(cfg: RunConfig) -> dict:
         "grad_accum_steps": cfg.grad_accum_steps,
         # golden/train_torch.py: `scaled = loss / cfg.grad_accum_steps` before backward
         "loss_divisor": cfg.grad_accum_steps,
+        # backward adds each micro-batch's gradient into p.grad, in the parameter's (fp32 master) dtype
+        "grad_accum_dtype": str(next(p for p in model.parameters() if p.requires_grad).dtype).removeprefix("torch."),
         "schedule": hf.name,
         "num_warmup_steps": hf.num_warmup_steps,
         "num_training_steps": hf.num_training_steps,
@@ -200,6 +202,7 @@ def ms_knobs(cfg: RunConfig, faults=(), trust: bool = False) -> tuple[dict, Any]
         "clip_eps": training.clipper.eps,
         "grad_accum_steps": cfg.grad_accum_steps,
         "loss_divisor": training.loss_divisor,
+        "grad_accum_dtype": training.micro.accum_dtype,
         "schedule": sched.name,
         "num_warmup_steps": sched.num_warmup_steps,
         "num_training_steps": sched.num_training_steps,
@@ -285,6 +288,9 @@ def hparams_report(cfg: RunConfig, faults=(), *, trust: bool = False) -> Hparams
                           g["grad_accum_steps"] == m["grad_accum_steps"]))
     rows.append(HparamRow("loss_divisor", g["loss_divisor"], m["loss_divisor"], g["loss_divisor"] == m["loss_divisor"],
                           "each micro-batch loss is divided by this before backward"))
+    rows.append(HparamRow("grad_accum_dtype", g["grad_accum_dtype"], m["grad_accum_dtype"],
+                          g["grad_accum_dtype"] == m["grad_accum_dtype"],
+                          "the dtype each micro-batch's gradient is added in"))
     rows.append(HparamRow("gradients", AS_BACKWARD, m["gradients"], m["gradients"] == AS_BACKWARD,
                           "what the micro-step does to the gradients the backward hands it"))
     if "loss_scale" in g or "loss_scale" in m:

@@ -66,6 +66,9 @@ TRAIN_FAULTS: dict[str, TrainFault] = {f.name: f for f in (
                                   "tied embedding's where the model ties them), a fault at the micro-step's "
                                   "gradient seam", "gradients",
                lambda k: replace(k, head_grad_factor=1.01)),
+    TrainFault("bf16_accum", "gradients accumulated over the micro-batches in bf16 instead of fp32 (every add "
+                             "rounded to bf16)", "grad_accum_dtype",
+               lambda k: replace(k, accum_dtype="bfloat16")),
 )}
 _SPEC = re.compile(r"^(?P<name>[a-z_0-9]+)(?:@(?P<start>\d+))?$")
 

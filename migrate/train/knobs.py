@@ -26,6 +26,7 @@ class TrainingKnobs:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     lr_lag: int = 0          # optimizer steps the schedule runs late (step s uses the lr of step s - lr_lag)
     head_grad_factor: float = 1.0  # the LM head's gradient times this in the backward (fault only)
+    accum_dtype: str = "float32"   # the dtype each micro-batch's gradient is added in (torch: the fp32 p.grad)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> TrainingKnobs:

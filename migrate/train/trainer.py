@@ -90,6 +90,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
+from migrate.checkpoints.atomic import atomic_write_text
 from migrate.errors import MigrateError
 from migrate.models.mode import MODES, execution_mode
 from migrate.models.registry import load_model_config
@@ -211,11 +212,7 @@ class MindSporeRecipe:
                                unmeasured=PEAK_UNMEASURED)
         out = self.out if self.writer else None
         if out is not None:
-            hparams = effective_hparams(training, self.peak)
-            hparams["faults"] = list(self.faults)  # with the step each starts at (NAME@STEP)
-            if parallel is not None:
-                hparams["parallel"] = parallel.describe()
-            (out / "effective_hparams.json").write_text(json.dumps(hparams, indent=2) + "\n")
+            self._write_hparams(training)
         self.eval_rows = eval_rows(cfg) if self.writer else None
         self.run_log = RunLog(out, cfg, echo=self.log, health_echo=self.health_echo, start=self.position.step,
                               previous=previous)
@@ -228,6 +225,17 @@ class MindSporeRecipe:
         self.prof = profile_for(self.profile, None if ms.get_context("device_target") == "CPU"
                                 else ms.runtime.synchronize)
         self.run_start = time.perf_counter() - self.position.elapsed
+
+    def _write_hparams(self, training, from_step: int | None = None) -> None:
+        """effective_hparams.json, read back from `training`'s live objects; from_step: they were rebuilt
+        before that step (a fault starting there), and the file says what they do from then on."""
+        hparams = effective_hparams(training, self.peak)
+        hparams["faults"] = list(self.faults)  # with the step each starts at (NAME@STEP)
+        if from_step is not None:
+            hparams["live_from_step"] = from_step
+        if self.parallel is not None:
+            hparams["parallel"] = self.parallel.describe()
+        atomic_write_text(self.out / "effective_hparams.json", json.dumps(hparams, indent=2) + "\n")
 
     def _graphs(self):
         return step_graphs(self.training, self.observe, parallel=self.parallel,
@@ -248,6 +256,8 @@ class MindSporeRecipe:
             new.scaler.load_state_dict(old.scaler.state_dict())
         self.training = new
         self.graphs = self._graphs()
+        if self.writer and self.out is not None:  # what the live objects do now (compare reads it)
+            self._write_hparams(new, from_step=step)
 
     def resume(self, checkpoint) -> list[str]:
         """Load `checkpoint` into the live objects and the position; returns its metrics lines."""

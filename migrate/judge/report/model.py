@@ -44,7 +44,9 @@ JSON schema (``schema_version`` 1), written by `write_report` as report.json::
                 metrics: {...}, passed, reason}],
      generation: null | {ref_tokens, got_tokens, ref_text, got_text, prompt,
                          steps, first_diff_step, matching_prefix, match_share,
-                         ref_token, got_token, judged, passed, reason}}
+                         ref_token, got_token, judged, passed, reason},
+     checks: [{key, label, value, limit, passed, step, noise, detail}]}   (figures that are no
+     tensor, e.g. a replay's grad norm, clip factor and lr: part of the verdict)
 
 Non-finite floats are written as the strings "nan", "inf", "-inf", so the
 file is strict JSON; `Report.from_dict` turns them back into floats.
@@ -60,6 +62,7 @@ sides: what max abs / cosine were computed over; with none they are NaN).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 from collections.abc import Mapping
@@ -123,6 +126,9 @@ class Report:
     schema_version: int = SCHEMA_VERSION
     entries: list = field(default_factory=list)
     generation: Generation | None = None
+    # judged figures that are no tensor (`migrate replay`'s grad norm, clip factor, lr, accumulation): `Check`s,
+    # part of the verdict, rendered as their own table
+    checks: list = field(default_factory=list)
     # filled by finalize()
     passed: bool | None = None
     first_divergence: Entry | None = None
@@ -399,7 +405,7 @@ class Report:
         """One check per compared tensor, forward order then backward: the report passes when
         every entry passes, and fails when nothing was compared."""
         checks = [Check(e.kind, e.location, passed=e.passed, detail=e.reason or "")
-                  for e in self.forward + self.backward]
+                  for e in self.forward + self.backward] + list(self.checks)
         return Verdict(checks or [Check("entries", "tensors compared", value=0, limit=1, passed=False,
                                         detail="nothing compared")])
 
@@ -482,6 +488,7 @@ class Report:
             "summary": self.summary,
             "entries": [e.to_dict(i) for i, e in enumerate(self.entries)],
             "generation": self.generation.to_dict() if self.generation else None,
+            "checks": [c.to_dict() for c in self.checks],
         })
 
     def to_json(self) -> str:
@@ -505,4 +512,7 @@ class Report:
         rep.entries = [Entry.from_dict(e) for e in d.get("entries") or []]
         if d.get("generation"):
             rep.generation = Generation.from_dict(d["generation"])
+        fields = {f.name for f in dataclasses.fields(Check)}
+        rep.checks = [Check(**{k: v for k, v in c.items() if k in fields}) for c in d.get("checks") or []
+                      if isinstance(c, Mapping)]
         return rep.finalize()

@@ -14,7 +14,7 @@ from migrate.judge.report.entries import STATE_KINDS, Entry, first_words
 from migrate.judge.table import FAIL, FIRST, OK
 from migrate.judge.thresholds import KINDS
 
-__all__ = ["entry_tables", "nonfinite_table", "run_rows", "thresholds_table"]
+__all__ = ["checks_table", "entry_tables", "nonfinite_table", "run_rows", "thresholds_table"]
 
 _TEXT = ("location", "kind", "status")
 _WRAPS = ("location", "status")
@@ -61,7 +61,24 @@ def entry_tables(report: Any) -> list[Table]:
             table.add(_cells(e, report.index_of(e), e is first, backward),
                       FIRST if e is first else (OK if e.passed else FAIL))
         tables.append(table)
+    if report.checks:
+        tables.append(checks_table(report.checks))
     return tables
+
+
+def checks_table(checks: list) -> Table:
+    """The judged figures that are no tensor (`Report.checks`): one row each, its figure against its bound."""
+    table = Table([Column("check", left=True), Column("what", left=True, wrap=True, fold=True), Column("value"),
+                   Column("bound"), Column("status", left=True, wrap=True)],
+                  title="Checks (figures that are no tensor: norms, factors, lr, accumulation)")
+    for c in checks:
+        status = "not judged" if c.passed is None else ("ok" if c.passed else "FAIL")
+        if c.detail:
+            status += f": {c.detail}"
+        value = c.value if isinstance(c.value, str) else fmt_num(c.value)
+        limit = c.limit if isinstance(c.limit, str) else fmt_num(c.limit)
+        table.add([c.key, c.label, value, limit, status], FAIL if c.passed is False else OK)
+    return table
 
 
 def nonfinite_table(report: Any) -> Table:

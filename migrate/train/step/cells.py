@@ -30,17 +30,44 @@ def _accumulate_one(acc, grad):
     return ops.assign_add(acc, grad)
 
 
+_accumulate_bf16 = ops.MultitypeFuncGraph("migrate_accumulate_bf16")
+
+
+@_accumulate_bf16.register("Tensor", "Tensor")
+def _accumulate_bf16_one(acc, grad):
+    """acc = bf16(bf16(acc) + bf16(grad)), held in the fp32 buffer (fault bf16_accum). The sum of two
+    bf16 values is exact in fp32 (their exponents lie within 24 bits here), so rounding it once is
+    bf16 addition; the casts keep it off bf16 kernels MindSpore's CPU backend lacks."""
+    rounded = ops.cast(ops.cast(grad, ms.bfloat16), ms.float32)
+    return ops.assign(acc, ops.cast(ops.cast(acc + rounded, ms.bfloat16), ms.float32))
+
+
+_copy = ops.MultitypeFuncGraph("migrate_copy")
+
+
+@_copy.register("Tensor", "Tensor")
+def _copy_one(tap, grad):
+    return ops.assign(tap, grad)
+
+
 class MicroStep(nn.Cell):
     """One micro-batch: returns its loss and adds d(loss / loss_divisor * scale)/d params into
     `grads`, fp32 Parameters zeroed after each optimizer step (`optimizer_step.ClipAndStep`).
     In place: a tuple of gradients returned per micro-batch costs a graph output per parameter.
     grad_factors (fault injection only, `knob_faults`): each gradient times its factor as the
-    backward hands it over (`adjust`); None, as every real run has it, adds nothing to the graph."""
+    backward hands it over (`adjust`); None, as every real run has it, adds nothing to the graph.
+    accum_dtype: "float32" (torch's: p.grad in the fp32 master weights' dtype) or "bfloat16" (fault
+    bf16_accum: every add rounded to bf16). `tap()` (a replay only, before the first call) makes each
+    call also copy the gradient it adds into `taps`, so the accumulation itself can be judged."""
 
-    def __init__(self, model, params, loss_divisor: int, grad_factors=None):
+    def __init__(self, model, params, loss_divisor: int, grad_factors=None, accum_dtype: str = "float32"):
         super().__init__(auto_prefix=False)
         self.grad_factors = None if grad_factors is None else tuple(
             ms.Tensor(np.float32(f)) for f in grad_factors)
+        if accum_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"accumulation dtype float32 or bfloat16, got {accum_dtype!r}")
+        self.accum_dtype = accum_dtype
+        self.taps = None
         self.model = model
         self.vocab_size = model.vocab_size
         self.loss_divisor = loss_divisor
@@ -61,9 +88,20 @@ class MicroStep(nn.Cell):
             return grads
         return self.hyper_map(ops.mul, grads, self.grad_factors)
 
+    def tap(self) -> None:
+        """Copy each micro-batch's gradient, as it is added, into `taps` (a replay's recording seam)."""
+        if self.taps is None:
+            self.taps = ParameterTuple([Parameter(initializer("zeros", p.shape, ms.float32), name="micro_tap." + p.name,
+                                                  requires_grad=False) for p in self.weights])
+
     def construct(self, input_ids, targets, scale):
         (_, loss), grads = self.grad_fn(input_ids, targets, scale)
-        return ops.depend(loss, self.hyper_map(_accumulate, self.grads, self.adjust(grads)))
+        grads = self.adjust(grads)
+        if self.taps is not None:
+            loss = ops.depend(loss, self.hyper_map(_copy, self.taps, grads))
+        if self.accum_dtype == "bfloat16":
+            return ops.depend(loss, self.hyper_map(_accumulate_bf16, self.grads, grads))
+        return ops.depend(loss, self.hyper_map(_accumulate, self.grads, grads))
 
 
 class PreShiftedLMLoss(nn.Cell):

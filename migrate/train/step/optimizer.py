@@ -278,6 +278,8 @@ class SplitSteps:
             if observe is not None else None
         self.update = OptimizerStep(training.clipper, training.optimizer, training.micro.grads, self.tap)
         self.observe = observe  # `migrate replay`'s recorder, told each seam's values (see golden's optimizer_step)
+        if observe is not None:
+            training.micro.tap()  # each micro-batch's gradient as it is added, to judge the accumulation
         self._norm = None
 
     def forward_backward(self, batch, scale) -> list[float]:
@@ -286,7 +288,9 @@ class SplitSteps:
         for index, rows in enumerate(batch):
             losses.append(float(self.micro(*_split_rows(rows), scale).asnumpy()))
             if self.observe is not None:  # the accumulated gradients, scaled in fp16, as the golden's .grad
-                self.observe.micro(index, losses[-1], self._named(self.update.grads))
+                taps = getattr(self.micro, "taps", None)
+                self.observe.micro(index, losses[-1], self._named(self.update.grads),
+                                   added=self._named(taps) if taps is not None else None)
         return losses
 
     def _named(self, tensors) -> dict:
@@ -373,6 +377,8 @@ def one_graph_refusals(training, *, parallel=None, poisons: bool = False, profil
         reasons.append("a replay observes the gradients, norm and update between the graphs (`migrate replay`)")
     if training.micro.grad_factors is not None:
         reasons.append("an injected gradient fault acts at the micro-step's seam (`MicroStep.adjust`)")
+    if training.micro.accum_dtype != "float32":
+        reasons.append(f"an injected fault accumulates the gradients in {training.micro.accum_dtype} (`MicroStep`)")
     if training.scaler is not None:
         reasons.append("fp16: the loss scaler decides on the host whether a step is taken")
     if cfg.health.policy != "warn":
