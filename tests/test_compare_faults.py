@@ -112,8 +112,9 @@ def test_compare_fails_the_faulty_run(root, fault):
     c = checks(report)
     key, step = CAUGHT_BY[fault]
     failed = [k for k, v in c.items() if v["passed"] is False]
+    times = f"x{c[key]['value'] / c[key]['limit']:.3g}" if c[key]["limit"] else "a count"  # hparams: knobs that differ
     print(f"\n[{fault}] exit {code}; failed {failed}; {key} {c[key]['value']:.2e} > {c[key]['limit']:.0e} "
-          f"(x{c[key]['value'] / c[key]['limit']:.3g}) from step {c[key]['step']}")
+          f"({times}) from step {c[key]['step']}")
     assert code == 1
     assert c[key]["passed"] is False and c[key]["value"] > 2 * c[key]["limit"]  # a clear miss, not the edge
     if step is not None:

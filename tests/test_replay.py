@@ -64,10 +64,15 @@ FAULTS = {
     "head_grad_scale@3": (3, "gradients", "gradient of lm_head.weight after micro-batch 1 parts first",
                           "; the two sides' hyperparameters (betas, eps, weight decay and its tensors, lr, clip "
                           "epsilon, accumulation divisor) all agree"),
-    # every add rounded to 8 bits: no curve moves (compare fails on the accumulation dtype both runs record,
-    # from the step the fault rebuilt the MindSpore objects), and the gradients stay within the gradient bounds
-    "bf16_accum@3": (3, "accumulation", "accumulation of micro-batch 1's gradient into lm_head.weight parts first",
-                     "more part after it"),
+}
+# bf16 runs, 2 x 4 steps (step 3, the first from states that differ by bf16's own rounding, replays clean):
+# bf16 gradients accumulated in bf16. Every add rounded to 8 bits moves no curve (compare fails on the
+# accumulation dtype both runs record, from the step the fault rebuilt the MindSpore objects) and stays
+# within the gradient bounds; the head's gradient is bf16 already (autocast's matmul), the final norm's is
+# not, and its rounding parts first.
+BF16_FAULTS = {
+    "bf16_accum@4": (4, "accumulation", "accumulation of micro-batch 1's gradient into model.norm.weight parts "
+                                        "first", "more part after it"),
 }
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread", "this_golden"), pytest.mark.slow]
@@ -94,6 +99,16 @@ def root(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def bf16_root(root):
+    """The run in bf16 for 8 steps (its own golden), beside the fp32 one."""
+    run = root / "bf16"
+    shutil.copytree(root, run, ignore=shutil.ignore_patterns("golden", "ms_*", "bf16"))
+    (run / "run.yaml").write_text(RUN.replace("total_steps: 6", "total_steps: 8") + "dtype: bf16\n")
+    golden.train(RunConfig.load(run / "run.yaml"), run / "golden", log=lambda line: None)
+    return run
+
+
 def ms_run(root, fault: str):
     """The MindSpore run with `fault`, trained through the CLI once per module."""
     out = root / ("ms_" + fault.replace("@", "_at_"))
@@ -113,15 +128,16 @@ def last_line(text: str) -> str:
     return " ".join(text.strip().splitlines()[-1:])
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-def test_compare_fails_and_replay_names_the_stage_and_tensor(root, fault, capsys):
+@pytest.mark.parametrize("dtype, fault", [("fp32", f) for f in FAULTS] + [("bf16", f) for f in BF16_FAULTS])
+def test_compare_fails_and_replay_names_the_stage_and_tensor(dtype, fault, capsys, tmp_path, request):
+    root = request.getfixturevalue("root" if dtype == "fp32" else "bf16_root")
     run = ms_run(root, fault)
     capsys.readouterr()
     assert main(["compare", str(root / "golden"), str(run)]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"to see which tensor parts first: migrate replay {root / 'golden'} {run}"
-    step, stage, named, ending = FAULTS[fault]
-    code, out = replay(root, run, "--mode", "pynative", capsys=capsys)
+    step, stage, named, ending = (FAULTS if dtype == "fp32" else BF16_FAULTS)[fault]
+    code, out = replay(root, run, "--mode", "pynative", "--report", str(tmp_path / "rep"), capsys=capsys)
     text = " ".join(out.split())
     print(f"\n[{fault}] {text[text.rfind('step ' + str(step) + ':'):]}")
     assert code == 1
@@ -130,6 +146,12 @@ def test_compare_fails_and_replay_names_the_stage_and_tensor(root, fault, capsys
     assert stage not in agreed  # the stage that parts is not among those said to agree
     for side in ("golden", "MindSpore"):  # the replayed step is the run's own step, bit for bit here
         assert f"{side} replay reproduces its logged step-{step} loss" in text
+    # the report files fail too, where only a figure that is no tensor parts (the clip factor) included
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["summary"]["passed"] is False
+    assert (tmp_path / "rep" / "report.md").read_text().startswith("# Alignment report: FAIL")
+    failed = {c["key"] for c in report["checks"] if c["passed"] is False}
+    assert (stage in failed) == (stage in ("clip", "lr", "accumulation"))
 
 
 def test_a_step_before_the_fault_replays_clean_in_graph_mode(root, capsys, tmp_path):
@@ -144,6 +166,17 @@ def test_a_step_before_the_fault_replays_clean_in_graph_mode(root, capsys, tmp_p
     assert report["run"]["extra"]["verdict"] == {"passed": True, "first": None, "line": text[text.rfind("step 2:"):]}
     grads = [e for e in report["entries"] if e["kind"] == "grad" and "after micro-batch 2" in e["name"]]
     assert grads and all(e["passed"] for e in grads)
+    # the norm, clip factor and lr of the step: judged checks in report.json, a table of their own in the MD and HTML
+    checks = {c["key"]: c for c in report["checks"]}
+    assert {"grad_norm", "clip", "lr", "accumulation"} <= set(checks) and all(c["passed"] for c in report["checks"])
+    md, html = ((tmp_path / "rep" / f"report.{ext}").read_text() for ext in ("md", "html"))
+    assert "## Checks (figures that are no tensor: norms, factors, lr, accumulation)" in md
+    assert "<h2>Checks (figures that are no tensor: norms, factors, lr, accumulation)</h2>" in html
+    for key, label in (("grad_norm", "global gradient norm (before clipping) rel diff"),
+                       ("clip", "clip factor: the epsilon it implies"), ("lr", "lr of the step rel diff")):
+        row = next(line for line in md.splitlines() if line.startswith(f"| {key} |"))
+        assert label in row and "| ok |" in row, row
+        assert label in html
 
 
 def test_replay_at_a_step_whose_states_already_part_says_so(root, capsys):
@@ -168,16 +201,13 @@ def test_no_checkpoint_before_the_step_is_one_line_naming_the_interval(root, cap
     assert "a checkpoint_interval that divides 2 (1 does) would have written it" in err[0]
 
 
-def test_a_correct_bf16_step_replays_clean(root, tmp_path, capsys):
+def test_a_correct_bf16_step_replays_clean(bf16_root, capsys):
     """bf16 rounds AdamW's m / sqrt(v) so that single near-zero-gradient elements of a correct step move
-    0.125 of their tensor's peak apart: the updates are held by their relative L2 error, and a correct
-    bf16 step passes every stage."""
-    run = tmp_path / "bf16"
-    shutil.copytree(root, run, ignore=shutil.ignore_patterns("golden", "ms_*"))
-    (run / "run.yaml").write_text(RUN.replace("total_steps: 6", "total_steps: 2") + "dtype: bf16\n")
-    golden.train(RunConfig.load(run / "run.yaml"), run / "golden", log=lambda line: None)
-    assert main(["train", "--config", str(run / "run.yaml"), "--out", str(run / "ms_bf16")]) == 0
-    code, out = replay(run, run / "ms_bf16", "--step", "2", "--mode", "pynative", capsys=capsys)
+    0.125 of their tensor's peak apart: the updates are held by their relative L2 error. Step 3 starts
+    from states that already differ by each side's rounding (step 1's lr is 0): its forward runs the
+    golden's weights on both sides, and a correct bf16 step passes every stage."""
+    code, out = replay(bf16_root, ms_run(bf16_root, "bf16_accum@4"), "--step", "3", "--mode", "pynative",
+                       capsys=capsys)
     assert code == 0, out[-1500:]
     assert last_line(out).endswith("every quantity agrees (forward, loss, accumulation, gradients, grad norm, clip, "
                                    "lr, moments, parameters)")

@@ -3,11 +3,13 @@ step, record micro-batch 1's forward on both (probe hooks), run the step once on
 own step code, judge everything in step order. See the package docstring."""
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from mindspore import Tensor
 
 from migrate.compare.metrics_log import read_metrics
 from migrate.errors import MigrateError
@@ -58,9 +60,10 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
         training = ms.training
         inv_scales = (1.0 / g_scaler.get_scale() if g_scaler is not None else 1.0,
                       1.0 / training.scaler.scale if training.scaler is not None else 1.0)
-        forward = _forward(cfg, golden, training, golden_rows(cfg, plan.step))
         g_before = {n: p.detach().float().numpy().copy() for n, p in g_model.named_parameters() if p.requires_grad}
         m_before = {p.name: p.asnumpy().astype(np.float32) for p in training.optimizer.parameters}
+        with _golden_weights(training, g_before):
+            forward = _forward(cfg, golden, training, golden_rows(cfg, plan.step))
         g_rec = golden_step(cfg, golden, plan.step)
         m_rec = ms.step(plan.step)
         g_rec.params_before, m_rec.params_before = g_before, m_before
@@ -112,9 +115,28 @@ def _first_parting_step(plan: ReplayPlan, walk: bool) -> tuple[ReplayPlan, list[
     return plan, notes
 
 
+@contextlib.contextmanager
+def _golden_weights(training, golden: dict):
+    """The MindSpore model holding the golden's loaded weights (through the run's conversion plan), its own
+    put back after. The forward stage asks whether the two forwards compute the same function: from step 2
+    on the loaded states differ by each side's own rounding (bf16: 8e-5 in the test model's embedding after
+    two steps), which no float64 twin of one side measures, and an embedding output -- a gather, exact --
+    parted by exactly that. Whether the states agree is the state diff's question (the walk back)."""
+    ref = training.plan.in_model_names(golden)
+    params = [p for p in training.optimizer.parameters if p.name in ref]
+    own = [p.asnumpy().copy() for p in params]
+    try:
+        for p in params:
+            p.set_data(Tensor(np.asarray(ref[p.name], dtype=own[0].dtype if own else np.float32)))
+        yield
+    finally:
+        for p, value in zip(params, own, strict=True):
+            p.set_data(Tensor(value))
+
+
 def _forward(cfg, golden, training, rows: np.ndarray) -> list:
-    """Micro-batch 1's forward on both sides' loaded weights, recorded by the probe's hooks and paired by
-    their block tables (the golden under its autocast, as its step runs it)."""
+    """Micro-batch 1's forward on the golden's loaded weights, on both sides (`_golden_weights`), recorded by
+    the probe's hooks and paired by their block tables (the golden under its autocast, as its step runs it)."""
     module, model = golden[0], golden[1]
     ids = np.ascontiguousarray(rows[:, :-1])
     inputs = Inputs(ids=ids, mask=None, labels=ids, description="micro-batch 1 of the replayed step")

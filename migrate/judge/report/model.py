@@ -447,6 +447,9 @@ class Report:
             parts.append(f"grads {h['grads'] - h['grads_failed']}/{h['grads']} ok")
         if h.get("states"):
             parts.append(f"training state {h['states'] - h['states_failed']}/{h['states']} ok")
+        if self.checks:
+            judged = [c for c in self.checks if c.passed is not None]
+            parts.append(f"checks {sum(1 for c in judged if c.passed)}/{len(judged)} ok")
         source = (self.reference or {}).get("source")
         if source == TWIN and h.get("noise_entries"):
             parts.append("bounds from the float64 noise reference")
