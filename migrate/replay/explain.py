@@ -34,12 +34,13 @@ class Candidate:
     check: Callable[[], bool]     # True: the MindSpore side's value reproduces its numbers
 
 
-def explain(cfg, plan, names: list, training, g_rec, m_rec, first, inv_scales) -> str | None:
+def explain(cfg, plan, names: list, training, g_optimizer, g_rec, m_rec, first, inv_scales) -> str | None:
     """The clause that ends the replay's line: "<knob> <golden> vs <MindSpore> reproduces it", "none of
-    the checked hyperparameters (...) reproduces it", or None when nothing parts in the stages above."""
+    the checked hyperparameters (...) reproduces it", or None when nothing parts in the stages above.
+    g_optimizer: the golden's replayed optimizer (its groups' knobs; the lr is read from the recording)."""
     if first is None or first.stage not in EXPLAINED:
         return None
-    candidates = _candidates(cfg, plan, names, training, g_rec, m_rec, inv_scales)
+    candidates = _candidates(cfg, plan, names, training, g_optimizer, g_rec, m_rec, inv_scales)
     if not candidates:
         return "the two sides' hyperparameters (betas, eps, weight decay and its tensors, lr, clip epsilon, " \
                "accumulation divisor) all agree"
@@ -49,12 +50,10 @@ def explain(cfg, plan, names: list, training, g_rec, m_rec, first, inv_scales) -
     return f"none of the differing hyperparameters ({'; '.join(c.words for c in candidates)}) reproduces it"
 
 
-def _candidates(cfg, plan, names, training, g_rec, m_rec, inv_scales) -> list[Candidate]:
+def _candidates(cfg, plan, names, training, g_opt, g_rec, m_rec, inv_scales) -> list[Candidate]:
     golden_ckpt, step = plan.golden_checkpoint, plan.step
     opt = training.optimizer
     conversion = training.plan
-    fresh = golden_state(cfg, golden_ckpt)  # the golden's own knobs, as its checkpoint loads them
-    g_opt = fresh[2]
     group = g_opt.param_groups[0]
     out: list[Candidate] = []
 

@@ -73,7 +73,7 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
                                    inv_scales)
         first = next((it for it in items if not it.passed), None)
         # the step's own objects: a fault starting at this step rebuilt them (`faults_from`)
-        why = explain(cfg, plan, names, ms.training, g_rec, m_rec, first, inv_scales)
+        why = explain(cfg, plan, names, ms.training, golden[2], g_rec, m_rec, first, inv_scales)
     finally:
         ms.close()
     report.ref_dir, report.got_dir = str(plan.golden_run), str(plan.ms_run)
