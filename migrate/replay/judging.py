@@ -116,9 +116,16 @@ def _accumulation(ms: StepRecording, backward: list, hf_name: dict) -> list[Item
     """Per micro-batch and tensor (backward order): did MindSpore add the gradient it computed to the
     accumulator as torch adds into .grad, one fp32 add (`ACCUM_REL`)? Nothing when the side handed no
     added gradients."""
+    if ms.ranks:  # a dp replay: each rank accumulated its own micro-batches
+        return [it for r, (grads, added) in enumerate(ms.ranks)
+                for it in _accumulated(grads, added, backward, hf_name, f"rank {r}'s ")]
+    return _accumulated(ms.grads, ms.added, backward, hf_name)
+
+
+def _accumulated(grads: list, adds: list, backward: list, hf_name: dict, whose: str = "") -> list[Item]:
     items = []
     previous = None
-    for m, (acc, added) in enumerate(zip(ms.grads, ms.added, strict=True)):
+    for m, (acc, added) in enumerate(zip(grads, adds, strict=True)):
         if added is None:
             return []
         for n in backward:
@@ -128,7 +135,7 @@ def _accumulation(ms: StepRecording, backward: list, hf_name: dict) -> list[Item
             err = np.abs(got - want)
             scale = np.maximum(np.abs(want), np.finfo(np.float32).tiny)
             rel = float(np.max(err / scale)) if err.size else 0.0
-            what = f"accumulation of micro-batch {m + 1}'s gradient into {hf_name[n]}"
+            what = f"accumulation of {whose}micro-batch {m + 1}'s gradient into {hf_name[n]}"
             passed = bool(rel <= ACCUM_REL)
             check = Check("accumulation", f"{what}: max |acc - fp32 sum| / |fp32 sum|", value=rel, limit=ACCUM_REL,
                           passed=passed)

@@ -8,6 +8,7 @@ parameter names; the pairing is `judging`'s.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ class StepRecording:
     params_before: dict = field(default_factory=dict)  # name -> array, before it (set by the replay)
     skipped: bool = False
     forward: list = field(default_factory=list)     # `probe.live.Compared` of micro-batch 0's forward (set by judging)
+    ranks: list = field(default_factory=list)       # a dp replay: per rank, (grads, added) of its micro-batches
 
     # ---- the seams
     def micro(self, index: int, loss: float, grads: dict, added: dict | None = None) -> None:
@@ -41,6 +43,32 @@ class StepRecording:
         self.lr, self.moments, self.params, self.skipped = float(lr), moments, params, bool(skipped)
 
     # ---- derived
+    def over_ranks(self, dp: int, reduced: dict) -> StepRecording:
+        """A dp step replayed on one process (`ranks.RanksInOneProcess`: its seams saw rank 0's micro-batches,
+        then rank 1's, ...) as the global batch's step: each micro-batch's loss and accumulated gradients the
+        mean over the ranks (the loss as `mean_over_ranks` forms it, the gradients as the reducer: fp32 sum in
+        rank order x 1/dp), the last micro-batch's gradients the ones the reduction returned (`reduced`,
+        by name); each rank's own accumulation kept in `ranks` for the accumulation stage."""
+        accum = len(self.losses) // dp
+        cut = [slice(r * accum, (r + 1) * accum) for r in range(dp)]
+        inv = np.float32(1.0 / dp)
+        losses, grads = [], []
+        for m in range(accum):
+            total = np.float32(0.0)
+            for r in range(dp):
+                total = np.float32(total + np.float32(self.losses[r * accum + m]))
+            losses.append(float(total) / dp)
+            mean = {}
+            for name in self.grads[m]:
+                acc = self.grads[m][name].astype(np.float32)
+                for r in range(1, dp):
+                    acc = acc + self.grads[r * accum + m][name].astype(np.float32)
+                mean[name] = acc * inv
+            grads.append(mean)
+        grads[-1] = reduced
+        return dataclasses.replace(self, losses=losses, grads=grads, added=[None] * accum,
+                                   ranks=[(self.grads[c], self.added[c]) for c in cut])
+
     def clip_factor(self, inv_scale: float = 1.0) -> float | None:
         """The factor the step multiplied its gradients by when clipping, measured on them: the least-squares
         ratio of the gradients AdamW was handed to the accumulated ones (unscaled by `inv_scale`), in float64.

@@ -21,6 +21,7 @@ from migrate.replay.explain import explain
 from migrate.replay.golden_side import golden_rows, golden_state, golden_step
 from migrate.replay.judging import Item, judge_step, summary_line
 from migrate.replay.ms_side import MSReplay
+from migrate.replay.ranks import HOW
 from migrate.replay.runs import ReplayPlan, at_step, plan_replay
 from migrate.replay.states import first_parting_state
 
@@ -53,9 +54,10 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
     if cfg.lora is not None:
         raise MigrateError("migrate replay does not replay LoRA runs yet")
     plan, walked = _first_parting_step(plan, walk=step is None)
-    golden = golden_state(cfg, plan.golden_checkpoint)
+    g_cfg = plan.golden_cfg  # a --dp run's global batch: the golden's micro batch is the ranks' together
+    golden = golden_state(g_cfg, plan.golden_checkpoint)
     _, g_model, _, _, g_scaler = golden
-    ms = MSReplay(cfg, plan.ms_checkpoint, plan.faults, plan.mode)
+    ms = MSReplay(cfg, plan.ms_checkpoint, plan.faults, plan.mode, plan.dp)
     try:
         training = ms.training
         inv_scales = (1.0 / g_scaler.get_scale() if g_scaler is not None else 1.0,
@@ -63,8 +65,8 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
         g_before = {n: p.detach().float().numpy().copy() for n, p in g_model.named_parameters() if p.requires_grad}
         m_before = {p.name: p.asnumpy().astype(np.float32) for p in training.optimizer.parameters}
         with _golden_weights(training, g_before):
-            forward = _forward(cfg, golden, training, golden_rows(cfg, plan.step))
-        g_rec = golden_step(cfg, golden, plan.step)
+            forward = _forward(cfg, golden, training, golden_rows(g_cfg, plan.step))
+        g_rec = golden_step(g_cfg, golden, plan.step)
         m_rec = ms.step(plan.step)
         g_rec.params_before, m_rec.params_before = g_before, m_before
         trained = {p.name for p in training.optimizer.parameters}
@@ -73,14 +75,16 @@ def replay(golden_run, ms_run, step: int | None = None, config=None, mode: str |
                                    inv_scales)
         first = next((it for it in items if not it.passed), None)
         # the step's own objects: a fault starting at this step rebuilt them (`faults_from`)
-        why = explain(cfg, plan, names, ms.training, golden[2], g_rec, m_rec, first, inv_scales)
+        why = explain(g_cfg, plan, names, ms.training, golden[2], g_rec, m_rec, first, inv_scales)
     finally:
         ms.close()
     report.ref_dir, report.got_dir = str(plan.golden_run), str(plan.ms_run)
-    report.extra.update(step=plan.step, why=plan.why, faults=list(plan.faults),
+    report.extra.update(step=plan.step, why=plan.why, faults=list(plan.faults), dp=plan.dp,
                         checkpoints={"golden": str(plan.golden_checkpoint), "ms": str(plan.ms_checkpoint)})
     notes = [f"replayed {plan.why}, from "
              + (f"{plan.golden_checkpoint} and {plan.ms_checkpoint}" if plan.step > 1 else "the models (step 1)")]
+    if plan.dp > 1:
+        notes.append(f"the MindSpore run trained with --dp {plan.dp}: replayed {HOW}")
     notes += walked
     notes += _own_log(plan, "golden", plan.golden_run, g_rec) + _own_log(plan, "MindSpore", plan.ms_run, m_rec)
     line = summary_line(plan.step, items) + (f"; {why}" if why else "")

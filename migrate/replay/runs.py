@@ -32,6 +32,13 @@ class ReplayPlan:
     ms_checkpoint: Path | None
     faults: tuple = ()              # the MindSpore run's injected faults (NAME@STEP)
     mode: str = "graph"
+    dp: int = 1                     # the MindSpore run's data-parallel ranks (`migrate train --dp`)
+
+    @property
+    def golden_cfg(self) -> RunConfig:
+        """The config the golden trains the same global batch with: one process, micro batch x dp."""
+        cfg = self.cfg
+        return cfg if self.dp == 1 else cfg.replace(micro_batch_size=cfg.micro_batch_size * self.dp)
 
 
 def plan_replay(golden_run, ms_run, step: int | None = None, config=None) -> ReplayPlan:
@@ -47,12 +54,29 @@ def plan_replay(golden_run, ms_run, step: int | None = None, config=None) -> Rep
         cfg = RunConfig.from_dict(hparams["config"], base=ms_run, source=ms_run / HPARAMS)
     else:
         raise MigrateError(f"{ms_run} has no {HPARAMS} with the run config: give --config run.yaml")
+    dp = _data_parallel(hparams.get("parallel"), ms_run)
     why = f"step {step}, as asked"
     if step is None:
         step, why = first_flagged(golden_run, ms_run, cfg.dtype)
     if not 1 <= step <= cfg.total_steps:
         raise MigrateError(f"step {step} is outside the run's steps 1..{cfg.total_steps}")
-    return at_step(ReplayPlan(cfg, golden_run, ms_run, step, why, None, None, tuple(hparams.get("faults") or ())), step)
+    return at_step(ReplayPlan(cfg, golden_run, ms_run, step, why, None, None, tuple(hparams.get("faults") or ()),
+                              dp=dp), step)
+
+
+def _data_parallel(parallel, ms_run: Path) -> int:
+    """The run's dp (1: one process); a tensor/pipeline-parallel run is refused in one line."""
+    if not isinstance(parallel, dict):
+        return 1
+    mp, pp = parallel.get("mp", 1), parallel.get("pp", 1)
+    if mp != 1 or pp != 1 or parallel.get("optimizer_shard"):
+        raise MigrateError(f"{ms_run} trained with mp {mp} x pp {pp}"
+                           + (" and optimizer sharding" if parallel.get("optimizer_shard") else "")
+                           + ": migrate replay replays one process or pure data parallel (--dp) runs")
+    dp = parallel.get("dp", 1)
+    if not isinstance(dp, int) or dp < 1:
+        raise MigrateError(f"{ms_run}/{HPARAMS}: parallel.dp is {dp!r}, not a positive integer")
+    return dp
 
 
 def at_step(plan: ReplayPlan, step: int, why: str | None = None) -> ReplayPlan:
@@ -66,7 +90,7 @@ def at_step(plan: ReplayPlan, step: int, why: str | None = None) -> ReplayPlan:
         state = load_json(ms_ckpt / "trainer_state.json", "MindSpore checkpoint state", expect=dict)
         faults = tuple(state.get(run_state.FAULTS) or ())
         mode = state.get(run_state.MODE) or mode
-    return ReplayPlan(cfg, golden_run, ms_run, step, why or plan.why, golden_ckpt, ms_ckpt, faults, mode)
+    return ReplayPlan(cfg, golden_run, ms_run, step, why or plan.why, golden_ckpt, ms_ckpt, faults, mode, plan.dp)
 
 
 def first_flagged(golden_run: Path, ms_run: Path, dtype: str = "fp32") -> tuple[int, str]:

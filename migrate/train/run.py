@@ -56,8 +56,8 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
     if step_faults.steps and (layout.devices > 1 or cluster.nodes > 1):
         errors.append("--step-fault rehearses the health watch in one process; drop --dp/--mp/--pp/--nodes")
     faults = check_faults(faults)
-    if faults and (layout.devices > 1 or cluster.nodes > 1):
-        errors.append("--fault injects a porting fault in one process; drop --dp/--mp/--pp/--nodes")
+    if faults and (layout.mp > 1 or layout.pp > 1 or cluster.nodes > 1):  # --dp: each rank injects it
+        errors.append("--fault injects a porting fault in one process or under --dp; drop --mp/--pp/--nodes")
     if errors:
         raise MigrateErrors(errors)  # one line per broken rule
     out_dir = Path(out) if out is not None else cfg.out_dir.ms
@@ -73,7 +73,7 @@ def run_training(config: str | Path, *, out: str | Path | None = None, resume: s
         return train(cfg, out_dir=out_dir, resume=resume, mode=mode, step_faults=step_faults, profile=profile,
                      trust=trust, faults=faults)
     result = launch(cfg.source, out_dir, layout, cluster, resume=resume, mode=mode, echo=echo, profile=profile,
-                    trust=trust)
+                    trust=trust, faults=faults)
     if result.code != 0:
         raise RunFailed(f"distributed run failed: {result.summary()}", result.code)
     return out_dir

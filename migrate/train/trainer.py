@@ -94,6 +94,7 @@ from migrate.checkpoints.atomic import atomic_write_text
 from migrate.errors import MigrateError
 from migrate.models.mode import MODES, execution_mode
 from migrate.models.registry import load_model_config
+from migrate.parallel.context import needs_auto_parallel
 from migrate.parallel.layout import Layout
 from migrate.run_protocol import state as run_state
 from migrate.run_protocol.cadence import checkpoint_due, eval_due
@@ -248,12 +249,15 @@ class MindSporeRecipe:
         old = self.training
         if wanted == old.faults:
             return
-        if self.parallel is not None:
-            raise MigrateError("a training fault that starts at a later step runs in one process")
+        parallel = self.parallel
+        if parallel is not None and needs_auto_parallel(parallel.layout):
+            raise MigrateError("a training fault that starts at a later step runs in one process or under --dp")
         new = build_training(self.cfg, wanted, model=old.model, model_config=old.model_config, trust=self.trust)
         new.optimizer.load_state_dict(old.optimizer.state_dict())
         if old.scaler is not None:
             new.scaler.load_state_dict(old.scaler.state_dict())
+        if parallel is not None:  # data parallel: a reducer over the new optimizer's (the same) parameters
+            wire_parallel(new, parallel)
         self.training = new
         self.graphs = self._graphs()
         if self.writer and self.out is not None:  # what the live objects do now (compare reads it)

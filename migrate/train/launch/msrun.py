@@ -71,7 +71,7 @@ def msrun_command(devices: int, cluster: Cluster, port: int, log_dir: Path, work
 
 
 def worker_args(config: Path, out: Path, log_dir: Path, layout, resume: Path | None = None,
-                mode: str = "graph", threads: int = 0, profile: bool = False) -> list[str]:
+                mode: str = "graph", threads: int = 0, profile: bool = False, faults=()) -> list[str]:
     args = ["--config", str(Path(config).resolve()), "--out", str(Path(out).resolve()),
             "--log-dir", str(Path(log_dir).resolve()), "--mode", mode, "--threads", str(threads),
             "--dp", str(layout.dp), "--mp", str(layout.mp), "--pp", str(layout.pp),
@@ -82,6 +82,8 @@ def worker_args(config: Path, out: Path, log_dir: Path, layout, resume: Path | N
         args += ["--resume", str(Path(resume).resolve())]
     if profile:
         args.append("--profile")
+    for fault in faults:
+        args += ["--fault", fault]
     return args
 
 
@@ -149,7 +151,7 @@ STOPPED = "stopped by msrun"
 
 def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume: Path | None = None,
            mode: str = "graph", echo=print, env: dict | None = None, profile: bool = False,
-           trust: bool = False) -> LaunchResult:
+           trust: bool = False, faults=()) -> LaunchResult:
     """Run msrun for this node and wait for it; the result names each rank's exit code and the run's.
     trust: the workers may import a model class migrate does not bundle (`worker_env`)."""
     out = Path(out).resolve()
@@ -163,7 +165,7 @@ def launch(config: Path, out: Path, layout, cluster: Cluster = Cluster(), resume
     port = cluster.master_port or free_port()
     threads = cpu_threads_per_rank(len(ranks))
     command = msrun_command(devices, cluster, port, log_dir,
-                            worker_args(config, out, log_dir, layout, resume, mode, threads, profile))
+                            worker_args(config, out, log_dir, layout, resume, mode, threads, profile, faults))
     echo(f"msrun: {devices} ranks ({len(ranks)} on this node), master {cluster.master_addr or LOCALHOST}:{port}, "
          f"logs in {log_dir}")
     with open(log_dir / MSRUN_LOG, "w") as msrun_log:

@@ -43,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--optimizer-shard", action="store_true")
     p.add_argument("--profile", action="store_true", help="time each step's phases (migrate.train.step.profile)")
+    p.add_argument("--fault", action="append", default=[], help="an injected porting fault, NAME@STEP (every rank)")
     p.add_argument("--threads", type=int, default=0, help="CPU kernel threads of this rank (0: MindSpore's default)")
     return p.parse_args(argv)
 
@@ -108,7 +109,7 @@ def _run(args, *, trust: bool = False) -> int:
         print("\n".join(f"{prefix}: {part}" for part in line.splitlines() or [""]), flush=True)
 
     train(cfg, args.out, resume=args.resume, progress=False, mode=args.mode, parallel=parallel, log=log,
-          profile=args.profile, trust=trust)
+          profile=args.profile, trust=trust, faults=args.fault)
     print(f"{prefix}: done", flush=True)
     return 0
 
