@@ -211,3 +211,20 @@ def test_a_correct_bf16_step_replays_clean(bf16_root, capsys):
     assert code == 0, out[-1500:]
     assert last_line(out).endswith("every quantity agrees (forward, loss, accumulation, gradients, grad norm, clip, "
                                    "lr, moments, parameters)")
+
+
+def test_a_bf16_gradient_scaled_by_one_percent_is_named_by_its_scale(bf16_root, capsys):
+    """bf16: the head's gradient x 1.01 from step 4 (`head_grad_scale@4`) stays inside every gradient bound a
+    correct bf16 step's rounding needs, and compare with bf16's bounds passes the run (fp32's flag step 4's
+    grad_mean, 5.1e-3), so the step is given. The least-squares scale of each gradient on the golden's, held
+    to its standard error (`judging.SCALE_Z`), names it; step 3 of the same run (the test above) holds it."""
+    run = ms_run(bf16_root, "head_grad_scale@4")
+    capsys.readouterr()
+    assert main(["compare", str(bf16_root / "golden"), str(run), "--dtype", "bf16"]) == 0
+    code, out = replay(bf16_root, run, "--step", "4", "--mode", "pynative", capsys=capsys)
+    text = " ".join(out.split())
+    print(f"\n[bf16 head_grad_scale@4] {text[text.rfind('step 4:'):]}")
+    assert code == 1
+    assert "step 4: forward, loss and accumulation agree; scale of the gradient of lm_head.weight after " \
+           "micro-batch 1 parts first: s 1.01" in text
+    assert text.endswith("accumulation divisor) all agree")
