@@ -36,8 +36,7 @@ class RanksInOneProcess:
         self.rank_losses: list = []  # per rank after rank 0: its micro-batches' losses, this step
         self.reduced: list = []      # the reduced gradients, in the optimizer's parameter order (numpy)
         self._batches: dict = {}     # rank -> its micro-batch iterator
-
-    is_writer = True  # the replay's recipe writes to a temporary folder
+        self.is_writer = True        # the replay's recipe writes to a temporary folder
 
     @property
     def data_shard(self) -> tuple[int, int]:
