@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, ParameterTuple, mint, nn, ops
+from mindspore import Parameter, ParameterTuple, nn, ops
 from mindspore.common.initializer import initializer
 
 from migrate.models.base import F32

@@ -242,7 +242,8 @@ class LlamaAttention(ModelCell):
             # (the mask covers the cache); _attend takes any key length.
             k, v = cache.update(self.layer_idx, k, v)
             grouped = self.repeat_kv.groups_queries
-        return self.wo(self._attend(q, k, v, mask, grouped).swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+        out = self._attend(q, k, v, mask, grouped)
+        return self.wo(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
 class LlamaFeedForward(ModelCell):
