@@ -23,6 +23,13 @@ step after the first token), and end-to-end tokens/s.
 Every path's tokens are checked equal to the cached path's (over the steps it ran). No asserts on
 timings.
 
+Peak memory, a process per path and batch (the child's own VmHWM: imports, model, one generation
+of --new-tokens): ours (the KV-cache path) and HF `generate`, with ours split into what the process
+held after its imports, the model's weights, the KV cache and the rest (the compiled graphs'
+buffers). Target lines per batch: `target decode_batchB` (our cached decode tok/s ÷ HF's ≥
+DECODE_TARGET) and `target decode_memory_batchB` (our peak ≤ imports + weights + cache +
+MEMORY_MARGIN_MB).
+
 Then `migrate generate` as a user runs it, whole processes at batch 1: without the compile cache,
 the run that stores it, and a second run that loads it (`migrate/infer/compile_cache.py`), each
 with the time to its first decode step (load, prefill, first token, the decode graph ready), and
@@ -32,6 +39,7 @@ a target line for the second run (`target generate_second_run`: first token + fi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -100,6 +108,62 @@ def hf_path(hf_dir, batch, steps):
 
 
 SECOND_RUN_S = 5.0   # "a second run starts within a few seconds" (issue 28)
+DECODE_TARGET = 1.2  # our cached decode tok/s ÷ HF generate's (issue 28)
+MEMORY_MARGIN_MB = 1024  # the compiled graphs' buffers beyond weights + cache: MindSpore's CPU graphs keep
+                         # every intermediate (measured, 125 M model: ~0.45 GB at batch 1, ~0.9 GB at 8)
+MB = 2**20
+
+
+def _memory_mb(field: str) -> float:
+    """This process's VmRSS or VmHWM (its own peak, not ru_maxrss, which a child inherits), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024 / MB
+    return float("nan")
+
+
+def memory_child(path: str, root: Path, batch_size: int, prompt_len: int, steps: int) -> dict:
+    """One path alone in this process (`--child`): its peak memory over load + one generation."""
+    import numpy as np
+
+    from migrate.infer.batch import make_batch
+    from migrate.infer.generate import generate
+    from migrate.infer.sampling import Sampling
+
+    prompts = np.random.default_rng(batch_size).integers(3, CONFIG["vocab_size"], (batch_size, prompt_len)).tolist()
+    batch = make_batch(prompts, 0, CONFIG["vocab_size"])
+    if path == "hf":
+        import torch  # noqa: F401  (imports counted before the model)
+        from transformers import AutoModelForCausalLM  # noqa: F401
+        imports = _memory_mb("VmRSS")
+        hf_path(root / "hf", batch, steps)(steps)
+        return {"imports": imports, "peak": _memory_mb("VmHWM")}
+    import mindspore as ms
+
+    from migrate.infer.runners import CachedRunner
+    from migrate.models.loading import load_model
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    imports = _memory_mb("VmRSS")
+    model, _ = load_model(root / "ms")
+    weights = sum(p.size * p.itemsize for p in model.get_parameters()) / MB
+    runner = CachedRunner(model, batch_size, prompt_len, prompt_len + steps)
+    cache = sum(p.size * p.itemsize for p in runner.step.cache.get_parameters()) / MB
+    generate(runner, batch, steps, Sampling())
+    return {"imports": imports, "weights": weights, "cache": cache, "peak": _memory_mb("VmHWM")}
+
+
+def peak_memory(root: Path, batch_size: int, prompt_len: int, steps: int) -> dict[str, dict]:
+    """Each path's memory_child in a process of its own."""
+    out = {}
+    for path in ("ours", "hf"):
+        done = subprocess.run([sys.executable, __file__, "--child", path, "--workdir", str(root), "--batch",
+                               str(batch_size), "--prompt-len", str(prompt_len), "--new-tokens", str(steps)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the {path} memory child failed: {done.stderr[-2000:]}")
+        out[path] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 _TIMES = re.compile(r"first token (\d+) ms · first decode step (\d+) ms")
 
 
@@ -140,7 +204,12 @@ def main(argv=None) -> int:
     parser.add_argument("--uncached-steps", type=int, default=16,
                         help="steps the paths without a cache are timed over")
     parser.add_argument("--workdir", help="keep the models and exports here (default: a temp folder)")
+    parser.add_argument("--child", choices=("ours", "hf"), help=argparse.SUPPRESS)  # peak_memory's process
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(memory_child(args.child, Path(args.workdir), args.batch[0], args.prompt_len,
+                                      args.new_tokens)))
+        return 0
 
     import mindspore as ms
     import numpy as np
@@ -159,7 +228,7 @@ def main(argv=None) -> int:
     steps, greedy = args.new_tokens, Sampling()
     print(f"model: Llama {params / 1e6:.0f} M parameters (hidden 768, 12 layers, GQA 12/4 heads, vocab 32000) · "
           f"fp32 · prompt {args.prompt_len} tokens · {steps} new tokens greedy · {os.cpu_count()} CPU cores")
-    rows = []
+    rows, targets, memory = [], [], {}
 
     def decode(runner, batch, default):
         """`timed`'s run(n): n greedy steps of `runner` (`default` when n is None), bound now, not at call."""
@@ -197,6 +266,15 @@ def main(argv=None) -> int:
             total = gen.tokens.size / gen.total_s
             rows.append((b, label, gen.first_token_s, gen.decode_tokens_per_s, total, same))
         graph, full_gen, growing_gen, hf_gen, mindir_gen = (gen for _, gen in results)
+        memory[b] = peak_memory(root, b, args.prompt_len, steps)
+        ratio = graph.decode_tokens_per_s / hf_gen.decode_tokens_per_s
+        ours_mem = memory[b]["ours"]
+        bound = ours_mem["imports"] + ours_mem["weights"] + ours_mem["cache"] + MEMORY_MARGIN_MB
+        targets += [
+            f"target decode_batch{b}: {ratio:.2f}× HF generate's decode tok/s (≥ {DECODE_TARGET:g}×) "
+            f"{'PASS' if ratio >= DECODE_TARGET else 'FAIL'}",
+            f"target decode_memory_batch{b}: {ours_mem['peak']:.0f} MB peak (≤ imports + weights + cache + "
+            f"{MEMORY_MARGIN_MB} MB = {bound:.0f} MB) {'PASS' if ours_mem['peak'] <= bound else 'FAIL'}"]
         per_token = lambda g: g.total_s / g.tokens.size  # noqa: E731
         rows.append((b, "ratio", {
             "KV cache ÷ no cache, GRAPH_MODE (time per token)": per_token(full_gen) / per_token(graph),
@@ -212,6 +290,15 @@ def main(argv=None) -> int:
         ttft, decode, total, same = figures
         print(f"{b:>5}  {label:<44} {ttft * 1000:>9.0f} ms {decode:>13.1f} {total:>17.1f}  "
               f"{'= cached' if same else 'DIFFER'}")
+    print("\npeak memory, a process per path (load + one generation):")
+    for b, paths in memory.items():
+        ours_mem, hf_mem = paths["ours"], paths["hf"]
+        rest = ours_mem["peak"] - ours_mem["imports"] - ours_mem["weights"] - ours_mem["cache"]
+        print(f"{b:>5}  ours {ours_mem['peak']:.0f} MB (imports {ours_mem['imports']:.0f} + weights "
+              f"{ours_mem['weights']:.0f} + cache {ours_mem['cache']:.0f} + graphs {rest:.0f}) · HF generate "
+              f"{hf_mem['peak']:.0f} MB (imports {hf_mem['imports']:.0f})")
+    for line in targets:
+        print(line)
     compile_once(ms_dir, root, args.prompt_len, min(steps, 64))
     return 0
 

@@ -81,6 +81,8 @@ class InterleavedRotary(RotateHalf):
 class TiledKV(RepeatKV):
     """k/v heads repeated as [0,1,0,1] instead of HF's [0,0,1,1]."""
 
+    groups_queries = False  # pairs query heads with kv heads otherwise than HF's groups
+
     def construct(self, x):
         if self.n_rep == 1:
             return x

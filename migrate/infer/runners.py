@@ -32,6 +32,12 @@ class CachedRunner:
         self._key_mask = None
 
     def _run(self, ids, positions, start: int, caches=()) -> np.ndarray:
+        # "increment": MindSpore's phase for a decode step, whose calls after the first run the
+        # graph compiled then without the compile path (no argument key, no walk over every
+        # sub-cell to set its phase: a few ms a step here). Sound because the decode shapes are
+        # static. The prefill (once per generation) stays on the ordinary path: the fast one
+        # refuses its cache arguments.
+        self.step.phase = "predict" if caches else "increment"
         logits, *caches = self.step(ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(start, ms.int32),
                                     self._key_mask, *caches)
         return logits.asnumpy()

@@ -41,14 +41,16 @@ shapes); GRAPH_MODE compiles the two once:
   caches     (b, kv_heads, L, head_dim) each: layer 0's keys, its values, layer 1's keys, ...
   logits     (b, vocab) fp32 the last new token's logits
 
-Writes select only (gather + where over every slot, `KVCacheWrite`, the write seam), so cached
-values are bit-identical to the computed ones; one pass over the cache per layer and step, what
-HF's DynamicCache pays in its torch.cat.
+Writes copy the new rows into the cache Parameters in place (ScatterNdUpdate, `KVCacheWrite`,
+the write seam), so cached values are bit-identical to the computed ones and a decode step moves
+b x kv_heads rows per layer, not the cache (HF's DynamicCache copies the whole cache in its
+torch.cat every step).
 """
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Parameter, ParameterTuple, mint, nn, ops
+import numpy as np
+from mindspore import Parameter, ParameterTuple, nn, ops
 from mindspore.common.initializer import initializer
 
 from migrate.models.base import F32
@@ -56,17 +58,25 @@ from migrate.models.rotary import RotaryEmbedding
 
 
 class KVCacheWrite(nn.Cell):
-    """The cache's write seam: k, v (b, kv_heads, s, d) written into k_cache, v_cache
-    (b, kv_heads, L, d) at slots start .. start + s - 1; the updated caches are returned.
-    Selects only (gather + where), so cached values are bit-identical to the computed ones."""
+    """The cache's write seam: k, v (b, kv_heads, s, d) written into the Parameters k_cache,
+    v_cache (b, kv_heads, L, d) at slots start .. start + s - 1, in place (ScatterNdUpdate: only
+    the new rows move, not the cache); the updated caches are returned. A copy, so cached values
+    are bit-identical to the computed ones."""
+
+    def __init__(self, batch: int, kv_heads: int):
+        super().__init__()
+        rows = np.stack(np.meshgrid(np.arange(batch), np.arange(kv_heads), indexing="ij"), -1)
+        # (b, kv_heads, 1, 3): each (row, head)'s index into the cache, its slot added per call.
+        self.base = ms.Tensor(np.concatenate([rows, np.zeros((batch, kv_heads, 1), np.int64)], -1)
+                              .reshape(batch, kv_heads, 1, 3).astype(np.int32))
+        self.slot_axis = ms.Tensor(np.array([0, 0, 1], np.int32))
 
     def construct(self, k_cache, v_cache, k, v, start):
-        length, s = k_cache.shape[2], k.shape[2]
-        slots = ops.arange(0, length, dtype=ms.int32)
-        written = mint.logical_and(slots >= start, slots < start + s).reshape(1, 1, length, 1)
-        source = mint.clamp(slots - start, 0, s - 1)  # slot -> index among the new tokens
-        k_cache = mint.where(written, ops.gather(k.astype(k_cache.dtype), source, 2), k_cache)
-        v_cache = mint.where(written, ops.gather(v.astype(v_cache.dtype), source, 2), v_cache)
+        s = k.shape[2]
+        slots = (ops.arange(0, s, dtype=ms.int32) + start).reshape(1, 1, s, 1)
+        index = self.base + slots * self.slot_axis  # (b, kv_heads, s, 3)
+        k_cache = ops.scatter_nd_update(k_cache, index, k.astype(k_cache.dtype))
+        v_cache = ops.scatter_nd_update(v_cache, index, v.astype(v_cache.dtype))
         return k_cache, v_cache
 
 
@@ -92,15 +102,12 @@ class KVCache(nn.Cell):
         self.keys = ParameterTuple([state(f"kv_cache.keys.{i}") for i in range(self.num_layers)])
         self.values = ParameterTuple([state(f"kv_cache.values.{i}") for i in range(self.num_layers)])
         self.start = Parameter(ms.Tensor(0, ms.int32), name="kv_cache.start", requires_grad=False)
-        self.write = KVCacheWrite()
+        self.write = KVCacheWrite(batch, self.shape[1])
 
     def update(self, layer_idx, key, value):
-        """Write this call's key, value (b, kv_heads, s, d) of layer `layer_idx` at slots start..;
-        the layer's whole (keys, values) after the write."""
-        keys, values = self.write(self.keys[layer_idx], self.values[layer_idx], key, value, self.start)
-        ops.assign(self.keys[layer_idx], keys)
-        ops.assign(self.values[layer_idx], values)
-        return keys, values
+        """Write this call's key, value (b, kv_heads, s, d) of layer `layer_idx` at slots start..
+        (in place); the layer's whole (keys, values) after the write."""
+        return self.write(self.keys[layer_idx], self.values[layer_idx], key, value, self.start)
 
     def load(self, start, caches):
         """The state from `start` and flat caches (k_0, v_0, k_1, ...)."""

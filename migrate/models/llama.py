@@ -139,7 +139,13 @@ class ScaledEmbedding(Embedding):
 
 
 class RepeatKV(nn.Cell):
-    """HF repeat_kv: each kv head (b, kv_heads, s, d) repeated n_rep times consecutively."""
+    """HF repeat_kv: each kv head (b, kv_heads, s, d) repeated n_rep times consecutively.
+
+    `groups_queries`: query head g * n_rep + r meets kv head g, so a KV-cache step may instead
+    fold each group's queries into one matrix against its kv head (no copies of the cache); a
+    replacement that pairs heads otherwise sets it False."""
+
+    groups_queries = True
 
     def __init__(self, n_rep: int):
         super().__init__()
@@ -201,10 +207,19 @@ class LlamaAttention(ModelCell):
         v = self.wv(x).reshape(b, s, self.n_kv_heads, self.head_dim).swapaxes(1, 2)
         return q, k, v
 
-    def _attend(self, q, k, v, mask):
-        """HF eager attention: q (b, heads, s, d) over k, v (b, kv_heads, s_kv, d) -> (b, heads, s, d)."""
-        k, v = self.repeat_kv(k), self.repeat_kv(v)
+    def _attend(self, q, k, v, mask, grouped=False):
+        """HF eager attention: q (b, heads, s, d) over k, v (b, kv_heads, s_kv, d) -> (b, heads, s, d).
+        `grouped`: each kv head's n_rep query heads as one (n_rep * s)-row matrix against it, the
+        same products without repeating k and v (a KV-cache step: repeating the cache copied it
+        n_rep times per layer and token)."""
+        b, _, s, _ = q.shape
+        kv_len = k.shape[2]
+        if grouped and self.n_rep > 1:
+            q = q.reshape(b, self.n_kv_heads, self.n_rep * s, self.head_dim)
+        else:
+            k, v = self.repeat_kv(k), self.repeat_kv(v)
         scores = self._r(self.scores(self._r(q, "matmul_in"), self._r(k, "matmul_in")), "matmul_out")
+        scores = scores.reshape(b, self.num_heads, s, kv_len)
         scores = self._r(scores * self.scaling, "scaled")
         scores = self._r(scores + mask)
         # Softmax in fp32, then back to the activation dtype.
@@ -212,18 +227,23 @@ class LlamaAttention(ModelCell):
         if self.training and self.dropout > 0:
             # mint's dropout has no CPU kernel.
             probs = self._r(ops.dropout(probs, p=self.dropout, training=True), "dropout")
-        return self._r(self.mix(probs, v), "matmul_out")
+        if grouped and self.n_rep > 1:
+            probs = probs.reshape(b, self.n_kv_heads, self.n_rep * s, kv_len)
+        return self._r(self.mix(probs, v), "matmul_out").reshape(b, self.num_heads, s, self.head_dim)
 
     def construct(self, x, cos, sin, mask, cache=None):
         """The output, with or without `cache` (a `KVCache`, updated in place)."""
         b, s, _ = x.shape
         q, k, v = self._project(x, b, s)
         q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
+        grouped = False
         if cache is not None:
             # The KV cache joins here: this step's k, v written at their slots, every slot attended
             # (the mask covers the cache); _attend takes any key length.
             k, v = cache.update(self.layer_idx, k, v)
-        return self.wo(self._attend(q, k, v, mask).swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+            grouped = self.repeat_kv.groups_queries
+        out = self._attend(q, k, v, mask, grouped)
+        return self.wo(out.swapaxes(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
 class LlamaFeedForward(ModelCell):
