@@ -137,7 +137,7 @@ def _run(**changes):
         setattr(cfg.health if key == "policy" else cfg, key, value)
     params = [SimpleNamespace(shape=(1000, 1000))]
     return SimpleNamespace(cfg=cfg, scaler=None, model=SimpleNamespace(get_parameters=lambda: iter(params)),
-                           micro=SimpleNamespace(grad_factors=None))
+                           micro=SimpleNamespace(grad_factors=None, accum_dtype="float32"))
 
 
 @pytest.mark.parametrize("change, why", [
@@ -151,6 +151,7 @@ def _run(**changes):
     ({"big": True}, "40 M parameters"),
     ({"observed": True}, "a replay observes"),
     ({"grad_factors": (1.0, 1.01)}, "an injected gradient fault"),
+    ({"accum_dtype": "bfloat16"}, "accumulates the gradients in bfloat16"),
 ])
 def test_one_graph_only_where_no_host_decision_can_intervene(change, why):
     training = _run(**{k: v for k, v in change.items() if k in ("policy", "grad_accum_steps")})
@@ -160,6 +161,8 @@ def test_one_graph_only_where_no_host_decision_can_intervene(change, why):
         training.model = SimpleNamespace(get_parameters=lambda: iter([SimpleNamespace(shape=(40_000, 1000))]))
     if "grad_factors" in change:
         training.micro.grad_factors = change["grad_factors"]
+    if "accum_dtype" in change:
+        training.micro.accum_dtype = change["accum_dtype"]
     reasons = one_graph_refusals(training, **{k: v for k, v in change.items() if k in ("parallel", "poisons",
                                                                                        "profile", "observed")})
     assert reasons == [] if why is None else (len(reasons) == 1 and why in reasons[0])
