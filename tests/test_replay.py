@@ -228,3 +228,35 @@ def test_a_bf16_gradient_scaled_by_one_percent_is_named_by_its_scale(bf16_root, 
     assert "step 4: forward, loss and accumulation agree; scale of the gradient of lm_head.weight after " \
            "micro-batch 1 parts first: s 1.01" in text
     assert text.endswith("accumulation divisor) all agree")
+
+
+@pytest.fixture(scope="module")
+def fp16_root(root):
+    """The run in fp16 (loss scale on), 2 x 3 steps with its own golden, beside the fp32 one."""
+    run = root / "fp16"
+    shutil.copytree(root, run, ignore=shutil.ignore_patterns("golden", "ms_*", "bf16", "fp16"))
+    (run / "run.yaml").write_text(RUN + "dtype: fp16\n")
+    golden.train(RunConfig.load(run / "run.yaml"), run / "golden", log=lambda line: None)
+    return run
+
+
+def test_fp16_with_its_loss_scale_names_the_fault_and_replays_a_clean_step_clean(fp16_root, capsys):
+    """fp16: the loss scaler's state is loaded and its scale applied on both sides; beta2 from step 3 of
+    6 is named as in fp32, and step 2, before it, replays clean."""
+    run = ms_run(fp16_root, "beta2@3")
+    capsys.readouterr()
+    assert main(["compare", str(fp16_root / "golden"), str(run), "--dtype", "fp16"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("to see which tensor parts first: migrate "
+                                                                         "replay")
+    code, out = replay(fp16_root, run, "--mode", "pynative", capsys=capsys)
+    text = " ".join(out.split())
+    print(f"\n[fp16 beta2@3] {text[text.rfind('step 3:'):]}")
+    assert code == 1 and "fp16" in text
+    assert "step 3: " in text and "exp_avg_sq of lm_head.weight parts first" in text
+    assert text.endswith("; beta2 0.999 vs 0.95 reproduces it")
+    for side in ("golden", "MindSpore"):
+        assert f"{side} replay reproduces its logged step-3 loss" in text
+    code, out = replay(fp16_root, run, "--step", "2", "--mode", "pynative", capsys=capsys)
+    assert code == 0, out[-1500:]
+    assert last_line(out).endswith("every quantity agrees (forward, loss, accumulation, gradients, grad norm, clip, "
+                                   "lr, moments, parameters)")
