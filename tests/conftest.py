@@ -25,6 +25,20 @@ def _pynative_by_default():
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _compile_each_step_once():
+    """Training runs in one test process reuse the step graphs compiled for an earlier run whose graphs
+    are the same (`migrate.train.step.reuse`; a fresh build's numbers, bit for bit, tests/test_step_reuse.py):
+    most of a tiny run's time is its compile."""
+    if os.environ.get("MIGRATE_TEST_REUSE_STEPS", "on") == "off":
+        yield
+        return
+    from migrate.train.step.reuse import keep_compiled_steps
+
+    with keep_compiled_steps():
+        yield
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny golden runs gain nothing from threads, and spinning OpenMP threads on a busy

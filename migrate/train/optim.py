@@ -148,6 +148,14 @@ class AdamW:
         for g in self.param_groups:
             g["lr"] = self.lr
 
+    def take_settings(self, other: AdamW) -> None:
+        """`other`'s hyperparameters and step count on these Parameters (the same groups): a run
+        trained on compiled graphs built for another (`migrate.train.step.reuse`)."""
+        self.betas, self.eps, self.bias_correction = other.betas, other.eps, other.bias_correction
+        self.lr, self.step_count = other.lr, other.step_count
+        for mine, theirs in zip(self.param_groups, other.param_groups, strict=True):
+            mine.update({key: value for key, value in theirs.items() if key != "params"})
+
     def scalars(self, step: int) -> dict[str, float]:
         """The Python-double scalars of optimizer step `step` (1-based), as torch forms them."""
         b1, b2 = self.betas

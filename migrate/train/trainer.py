@@ -126,6 +126,7 @@ from migrate.train.lora_run import check_checkpoint_base
 from migrate.train.ms_data import micro_batches, training_order
 from migrate.train.parallel_setup import wire_parallel
 from migrate.train.run_log import RunLog
+from migrate.train.step import reuse
 from migrate.train.step.cells import PreShiftedLMLoss
 from migrate.train.step.faults import parse_step_faults
 from migrate.train.step.optimizer import step_graphs
@@ -203,9 +204,13 @@ class MindSporeRecipe:
             remove_partials(self.out)  # a killed run's half-written checkpoint
         _seed_everything(cfg.seed)
         first = (checkpoint.step if checkpoint is not None else 0) + 1
-        self.training = training = build_training(cfg, faults_at(self.faults, first), trust=self.trust)
+        training = build_training(cfg, faults_at(self.faults, first), trust=self.trust)
         if parallel is not None:
             wire_parallel(training, parallel)
+        # After wire_parallel: pp swaps the micro-step. One graph per step where no host decision can intervene;
+        # graphs this process compiled for an earlier run like this one are reused when it keeps them (`reuse`).
+        self.training, self.graphs = self._adopt(training)
+        training = self.training
         previous = self.resume(checkpoint) if checkpoint is not None else []
         measure = measure_peak_flops if self.writer else None
         self.peak = peak_basis(flops_per_token(training.model_config, cfg.seq_length), given=self.peak_flops,
@@ -217,8 +222,6 @@ class MindSporeRecipe:
         self.eval_rows = eval_rows(cfg) if self.writer else None
         self.run_log = RunLog(out, cfg, echo=self.log, health_echo=self.health_echo, start=self.position.step,
                               previous=previous)
-        # After wire_parallel: pp swaps the micro-step. One graph per step where no host decision can intervene.
-        self.graphs = self._graphs()
         self.eval_step = PreShiftedLMLoss(training.model) if self.eval_rows is not None else None
         self.batches = micro_batches(data_cfg, self.position.step, self.order,
                                      shard=parallel.data_shard if parallel is not None else (1, 0))
@@ -238,9 +241,15 @@ class MindSporeRecipe:
             hparams["parallel"] = self.parallel.describe()
         atomic_write_text(self.out / "effective_hparams.json", json.dumps(hparams, indent=2) + "\n")
 
-    def _graphs(self):
-        return step_graphs(self.training, self.observe, parallel=self.parallel,
-                           poisons=bool(self.step_faults.steps.get("nan_grad")), profile=self.profile)
+    def _adopt(self, training, held=None) -> tuple:
+        """(training, its step graphs): `training`'s own, or compiled ones that take its values
+        (`reuse.adopt`: `held`, this run's before a fault rebuilt its objects, or a kept run's). Not
+        under several processes or the profiler (their graphs hold more than the run's state)."""
+        graphs = step_graphs(training, self.observe, parallel=self.parallel,
+                             poisons=bool(self.step_faults.steps.get("nan_grad")), profile=self.profile)
+        if self.parallel is not None or self.profile or self.mode != "graph":
+            return training, graphs
+        return reuse.adopt(training, graphs, held)
 
     def faults_from(self, step: int) -> None:
         """Before optimizer step `step` (1-based): a fault that starts there (NAME@STEP) rebuilds the
@@ -258,10 +267,10 @@ class MindSporeRecipe:
             new.scaler.load_state_dict(old.scaler.state_dict())
         if parallel is not None:  # data parallel: a reducer over the new optimizer's (the same) parameters
             wire_parallel(new, parallel)
-        self.training = new
-        self.graphs = self._graphs()
+        # A fault that changes graph inputs only (beta2, eps, lr, clip epsilon) runs on the graphs compiled.
+        self.training, self.graphs = self._adopt(new, held=(old, self.graphs))
         if self.writer and self.out is not None:  # what the live objects do now (compare reads it)
-            self._write_hparams(new, from_step=step)
+            self._write_hparams(self.training, from_step=step)
 
     def resume(self, checkpoint) -> list[str]:
         """Load `checkpoint` into the live objects and the position; returns its metrics lines."""
@@ -395,7 +404,7 @@ class MindSporeRecipe:
         self.setup(resume)
         last = cfg.total_steps if stop_after is None else min(cfg.total_steps, stop_after)
         with _progress_bar(progress and self.writer, cfg.total_steps, self.position.step) as bar, \
-                contextlib.closing(self.run_log):
+                contextlib.closing(self.run_log), _released(self):
             for step in range(self.position.step, last):
                 self.faults_from(step + 1)
                 record, verdict = self.step(step)
@@ -409,6 +418,15 @@ class MindSporeRecipe:
         if self.profile and self.writer:
             self.health_echo(format_breakdown(self.run_log.metrics.records(), "MindSpore trainer step time"))
         return self.out
+
+
+@contextlib.contextmanager
+def _released(recipe):
+    """When the loop ends (or fails), the run's compiled graphs may serve a later run (`reuse.release`)."""
+    try:
+        yield
+    finally:
+        reuse.release(recipe.training)
 
 
 def _seed_everything(seed: int) -> None:

@@ -163,6 +163,10 @@ class OptimizerStep:
         self._finite_cell = None  # built on the first fp16 step whose norm is not finite
         self._inv_scale = self._total = None
 
+    def cells(self) -> list:
+        """The cells built so far (the skip and finite checks on first use)."""
+        return [c for c in (self.norm_cell, self.step_cell, self._skip_cell, self._finite_cell) if c is not None]
+
     def measure(self, inv_scale: float = 1.0) -> float:
         """The total gradient norm before clipping (graph 1)."""
         self._inv_scale = Tensor(np.float32(inv_scale))
@@ -254,6 +258,8 @@ class TappedUpdate(nn.Cell):
 class StepGraphs(Protocol):
     """What the trainer's loop calls on a step implementation (`SplitSteps`, `OneGraphStep`)."""
 
+    def cells(self) -> list: ...
+
     def forward_backward(self, batch, scale) -> list[float]: ...
 
     def reduce_grads(self, reduce: Callable[[tuple], tuple]) -> None: ...
@@ -281,6 +287,10 @@ class SplitSteps:
         if observe is not None:
             training.micro.tap()  # each micro-batch's gradient as it is added, to judge the accumulation
         self._norm = None
+
+    def cells(self) -> list:
+        """The cells whose graphs this step compiles (`reuse`: which Parameters they hold)."""
+        return [self.micro, *([self.tap] if self.tap is not None else []), *self.update.cells()]
 
     def forward_backward(self, batch, scale) -> list[float]:
         """batch: each micro-batch's rows (seq_length + 1 tokens); returns their losses."""
@@ -332,6 +342,10 @@ class OneGraphStep:
         self.cell = WholeStep(training.micro, training.clipper, training.optimizer, accum)
         self.optimizer, self.clipper = training.optimizer, training.clipper
         self._norm = self._clipped = None
+
+    def cells(self) -> list:
+        """The cell whose graph this step compiles."""
+        return [self.cell]
 
     def forward_backward(self, batch, scale) -> list[float]:
         ids, targets = _split_rows(np.stack(batch))
