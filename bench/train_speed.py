@@ -12,7 +12,14 @@ times (`--big-repeats` at the big size), then one profiled run of each trainer f
 (`migrate.train.step.profile`). A run's speed is its median steady step (the first step,
 compile and warm-up, left out); the figures are medians over the repeats with the
 min-max spread. MFU is against the matmul peak each framework reaches here on a
-2048x1024x4096 matmul in the run's dtype (measured in the same run). No asserts: figures only.
+2048x1024x4096 matmul in the run's dtype (measured in the same run).
+
+Compile: the trainer's first step less its median steady step, per run (the step graph's compile
+and warm-up), printed per size and dtype. The last lines, one per target of the measured sizes
+(fp32; issue "speed where users wait"): `target train_ratio_demo_fp32` (MindSpore trainer tok/s ÷
+golden's, >= RATIO_TARGET), `target train_mfu_big_fp32` (the trainer's MFU, >= MFU_TARGET) and
+`target adamw_big_fp32` (the profiled optimizer phase, MindSpore's clip + AdamW ÷ torch's AdamW,
+<= ADAMW_TARGET), each `value (bound) PASS|FAIL`.
 """
 from __future__ import annotations
 
@@ -50,6 +57,9 @@ def big_run_yaml() -> str:
     return RUN_YAML
 
 MATMUL = (2048, 1024, 4096)  # (m, k, n): 2 m k n flops
+RATIO_TARGET = 1.0   # demo size, fp32: the trainer at least as fast as the golden
+MFU_TARGET = 0.45    # 115 M, fp32
+ADAMW_TARGET = 1.2   # 115 M, fp32: MindSpore's optimizer phase over torch's
 
 
 # ---------- setups ----------
@@ -101,7 +111,7 @@ def child(kind: str, config: Path, dtype: str, steps: int, out: Path) -> dict:
         run = train(cfg, out_dir=out, progress=False, profile=profile, log=None)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"step_s": _steady(records), "tokens": tokens, "records": records,
-            "losses": [r["loss"] for r in records]}
+            "losses": [r["loss"] for r in records], "first_step_s": records[0]["time"] if records else None}
 
 
 def _torch_peak(dtype: str, repeats: int = 5) -> float:
@@ -188,6 +198,23 @@ def breakdown_table(golden: dict, ms_run: dict, floor_s: float) -> str:
     return "\n".join(lines)
 
 
+def optimizer_seconds(result: dict) -> float:
+    """Median seconds per steady step in the optimizer phase of a profiled run."""
+    from migrate.train.step.profile import field_name
+
+    return statistics.median(r[field_name("optimizer")] for r in result["records"][1:])
+
+
+def compile_seconds(result: dict) -> float:
+    """The first step's time less the median steady step: the step graph's compile and warm-up."""
+    return result["first_step_s"] - statistics.median(result["step_s"])
+
+
+def target_line(name: str, value: float, text: str, bound: float, at_least: bool) -> str:
+    ok = value >= bound if at_least else value <= bound
+    return f"target {name}: {text} ({'≥' if at_least else '≤'} {bound:g}) {'PASS' if ok else 'FAIL'}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="demo,big")
@@ -227,6 +254,7 @@ def main(argv=None) -> int:
     if not peak["ms_bf16_matmul"]:
         print("  (MindSpore has no bf16 MatMul on this device: its bf16 runs are fp32 matmuls with bf16 rounding "
               "(migrate.train.precision), so its bf16 peak is its fp32 one)")
+    targets = []
     for size in [s for s in args.sizes.split(",") if s]:
         config = configs[size]
         cfg = RunConfig.load(config)
@@ -236,13 +264,15 @@ def main(argv=None) -> int:
         repeats = args.repeats if size == "demo" else args.big_repeats
         for dtype in [d for d in args.dtypes.split(",") if d]:
             tps = {"golden": [], "ms": [], "floor": []}
-            floor_step = []
+            floor_step, compiles = [], []
             for _ in range(repeats):  # alternating, each in a fresh process
                 for kind in ("golden", "ms", "floor"):
                     r = run_child(kind, config, dtype, steps, work)
                     tps[kind].append(tokens_per_s(r))
                     if kind == "floor":
                         floor_step.append(statistics.median(r["step_s"]))
+                    if kind == "ms":
+                        compiles.append(compile_seconds(r))
             prof = {k: run_child(f"{k}_profile", config, dtype, steps, work) for k in ("golden", "ms")}
             ratio = [m / g for m, g in zip(tps["ms"], tps["golden"], strict=True)]
             floor_ratio = [f / g for f, g in zip(tps["floor"], tps["golden"], strict=True)]
@@ -261,9 +291,25 @@ def main(argv=None) -> int:
             print(f"  ratio MindSpore / golden:        {fmt(ratio, 2)}")
             print(f"  ratio floor / golden:            {fmt(floor_ratio, 2)}")
             print(f"  trainer overhead over the floor: {fmt(overhead, 2)} × (trainer step time / floor step time)")
+            print(f"  MindSpore trainer's compile (first step - steady step): {fmt(compiles, 1)} s")
             print(f"  profiled runs (syncs on): golden {tokens_per_s(prof['golden']):,.0f}, MindSpore "
                   f"{tokens_per_s(prof['ms']):,.0f} tokens/s")
             print(breakdown_table(prof["golden"], prof["ms"], statistics.median(floor_step)))
+            if dtype != "fp32":
+                continue
+            if size == "demo":
+                targets.append(target_line("train_ratio_demo_fp32", statistics.median(ratio),
+                                           f"{fmt(ratio, 2)}× golden tok/s", RATIO_TARGET, at_least=True))
+            if size == "big":
+                mfu = statistics.median(tps["ms"]) * fpt / peak["mindspore"][dtype]
+                targets.append(target_line("train_mfu_big_fp32", mfu, f"{mfu:.1%} MFU (bound as a fraction)",
+                                           MFU_TARGET, at_least=True))
+                adamw = optimizer_seconds(prof["ms"]) / optimizer_seconds(prof["golden"])
+                targets.append(target_line("adamw_big_fp32", adamw, f"{adamw:.2f}× torch's AdamW time per step "
+                                           f"(MindSpore's phase includes the clip)", ADAMW_TARGET, at_least=False))
+    print()
+    for line in targets:
+        print(line)
     return 0
 
 
