@@ -151,15 +151,14 @@ def test_generate_export_and_the_mindir_runner_leave_the_mode_as_they_found_it(f
     from migrate.infer.sampling import Sampling
 
     ms_dir = folders / "main" / "ms"
-    mindir = ["generate", "--mindir", folders / "mindir", "--ids", "1,2", "--max-new-tokens", 2]
-    # Each command from the mode it does not run in (a command in its own mode switches nothing).
-    started = {ms.PYNATIVE_MODE: (["generate", ms_dir, "--ids", "1,2", "--max-new-tokens", 2], mindir,
-                                  ["export", "--format", "mindir", ms_dir, tmp_path / "export", "--prefill-len", 4,
-                                   "--cache-len", 8]),
-               ms.GRAPH_MODE: (["generate", ms_dir, "--ids", "1,2", "--max-new-tokens", 2, "--mode", "pynative"],)}
-    for mode, commands in started.items():
+    for mode in (ms.PYNATIVE_MODE, ms.GRAPH_MODE):
         ms.set_context(mode=mode)
-        for argv in commands:
+        other = "graph" if mode == ms.PYNATIVE_MODE else "pynative"
+        for argv in (["generate", ms_dir, "--ids", "1,2", "--max-new-tokens", 2],
+                     ["generate", ms_dir, "--ids", "1,2", "--max-new-tokens", 2, "--mode", other],
+                     ["generate", "--mindir", folders / "mindir", "--ids", "1,2", "--max-new-tokens", 2],
+                     ["export", "--format", "mindir", ms_dir, tmp_path / f"export{mode}", "--prefill-len", 4,
+                      "--cache-len", 8]):
             assert _run(capsys, *argv)[0] == 0 and ms.get_context("mode") == mode, argv
     # The runner holds GRAPH_MODE while it loads and while it steps, whatever mode its user is in.
     ms.set_context(mode=ms.PYNATIVE_MODE)
