@@ -101,6 +101,7 @@ demo: install
 bench: install
 	$(PY) bench/convert.py
 	$(PY) bench/train_speed.py
+	$(PY) bench/adamw.py
 	$(PY) bench/train_dp.py
 	$(PY) bench/generate.py
 

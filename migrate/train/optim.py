@@ -76,7 +76,8 @@ class _AdamWUpdate(nn.Cell):
 
 class _FusedAdamWUpdate(nn.Cell):
     """`_AdamWUpdate` through one fused CPU kernel per tensor (migrate/train/kernels/adamw.cc): the
-    same operations in the same order, so the same bits, in one pass over memory instead of fourteen."""
+    same operations in the same order, so the same bits, in one pass over memory instead of fourteen,
+    the parameter and moments written in place."""
 
     def __init__(self, params, exp_avg, exp_avg_sq, use_decay, fused):
         super().__init__(auto_prefix=False)
@@ -88,13 +89,14 @@ class _FusedAdamWUpdate(nn.Cell):
         self.fused = fused
 
     def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps):
-        done = ()  # one entry per tensor, after its assigns, as _AdamWUpdate's HyperMap returns
+        # The kernel writes parameter and moments in place, which MindSpore does not see as a write: no
+        # kernel may run before every gradient is there (a weight's backward may still read it, with
+        # clipping off), hence each depends on all of them; its token is what the graph returns.
+        done = ()  # one entry per tensor, as _AdamWUpdate's HyperMap returns
         for i in range(self.count):
             scalars = ops.stack((decays[i], w1, b2, w2, neg_step, bc2_sqrt, eps, self.flags[i]))
-            p, m, v = self.fused(self.params[i], grads[i].astype(F32), self.exp_avg[i], self.exp_avg_sq[i], scalars)
-            m = ops.assign(self.exp_avg[i], m)
-            v = ops.assign(self.exp_avg_sq[i], v)
-            done = done + (ops.depend(ops.assign(self.params[i], p), (m, v)),)
+            grad = ops.depend(grads[i].astype(F32), grads)
+            done = done + (self.fused(self.params[i], grad, self.exp_avg[i], self.exp_avg_sq[i], scalars),)
         return done
 
 

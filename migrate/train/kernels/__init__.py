@@ -66,10 +66,11 @@ def wanted() -> bool:
 def _custom_op(library: str):
     from mindspore import ops
 
-    def three(shape, *_):
-        return shape, shape, shape
+    import mindspore as ms
 
-    return ops.Custom(f"{library}:{SYMBOL}", out_shape=three, out_dtype=three, func_type="aot")
+    # param, exp_avg, exp_avg_sq are updated in place (adamw.cc); the output is a one-element token
+    return ops.Custom(f"{library}:{SYMBOL}", out_shape=lambda *shapes: (1,), out_dtype=lambda *dtypes: ms.float32,
+                      func_type="aot")
 
 
 def adamw_op():

@@ -5,20 +5,21 @@
 // independent, so the threads change no bit.
 // inputs: param, grad, exp_avg, exp_avg_sq (fp32, one shape), scalars (fp32, 8):
 //   decay, w1 = 1 - b1, b2, w2 = 1 - b2, neg_step = -lr / (1 - b1^t), bc2_sqrt, eps, use_decay (0 or 1)
-// outputs: param', exp_avg', exp_avg_sq'
+// param, exp_avg and exp_avg_sq are written IN PLACE (the Parameters' own buffers, as MindSpore's CPU
+// hands them to the kernel): three Assigns after the kernel cost a memory pass each, 0.84 s of a
+// 0.97 s step at 126 M parameters. The one output, a float 0, is the token graphs order the step by.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 extern "C" int MigrateAdamW(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                             void *stream, void *extra) {
-  if (nparam != 8) return 1;
-  for (int i = 0; i < 8; i++) {
+  if (nparam != 6) return 1;
+  for (int i = 0; i < 6; i++) {
     if (std::strcmp(dtypes[i], "float32") != 0) return 2;
   }
   int64_t n = 1;
   for (int i = 0; i < ndims[0]; i++) n *= shapes[0][i];
-  for (int t = 1; t < 8; t++) {  // every tensor but the scalars has param's shape: never read past one
-    if (t == 4) continue;
+  for (int t = 1; t < 4; t++) {  // grad and the moments have param's shape: never read or write past one
     if (ndims[t] != ndims[0]) return 3;
     for (int i = 0; i < ndims[0]; i++) {
       if (shapes[t][i] != shapes[0][i]) return 3;
@@ -27,14 +28,11 @@ extern "C" int MigrateAdamW(int nparam, void **params, int *ndims, int64_t **sha
   int64_t k = 1;
   for (int i = 0; i < ndims[4]; i++) k *= shapes[4][i];
   if (k != 8) return 4;
-  const float *__restrict__ p = static_cast<const float *>(params[0]);
+  float *__restrict__ p = static_cast<float *>(params[0]);
   const float *__restrict__ g = static_cast<const float *>(params[1]);
-  const float *__restrict__ m = static_cast<const float *>(params[2]);
-  const float *__restrict__ v = static_cast<const float *>(params[3]);
+  float *__restrict__ m = static_cast<float *>(params[2]);
+  float *__restrict__ v = static_cast<float *>(params[3]);
   const float *s = static_cast<const float *>(params[4]);
-  float *__restrict__ po = static_cast<float *>(params[5]);
-  float *__restrict__ mo = static_cast<float *>(params[6]);
-  float *__restrict__ vo = static_cast<float *>(params[7]);
   // x * 1.0f is x exactly: a tensor without weight decay multiplies by one instead of branching
   const float decay = s[7] != 0.0f ? s[0] : 1.0f;
   const float w1 = s[1], b2 = s[2], w2 = s[3], neg_step = s[4], bc2 = s[5], eps = s[6];
@@ -44,9 +42,10 @@ extern "C" int MigrateAdamW(int nparam, void **params, int *ndims, int64_t **sha
     const float mi = m[i] + w1 * (g[i] - m[i]);
     const float vi = v[i] * b2 + (w2 * g[i]) * g[i];
     const float denom = std::sqrt(vi) / bc2 + eps;
-    po[i] = pi + (neg_step * mi) / denom;
-    mo[i] = mi;
-    vo[i] = vi;
+    p[i] = pi + (neg_step * mi) / denom;
+    m[i] = mi;
+    v[i] = vi;
   }
+  static_cast<float *>(params[5])[0] = 0.0f;
   return 0;
 }
