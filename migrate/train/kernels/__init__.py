@@ -64,9 +64,8 @@ def wanted() -> bool:
 
 @cache
 def _custom_op(library: str):
-    from mindspore import ops
-
     import mindspore as ms
+    from mindspore import ops
 
     # param, exp_avg, exp_avg_sq are updated in place (adamw.cc); the output is a one-element token
     return ops.Custom(f"{library}:{SYMBOL}", out_shape=lambda *shapes: (1,), out_dtype=lambda *dtypes: ms.float32,
