@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 EXIT_ENV = "MIGRATE_TEST_WORKER_EXIT"
@@ -89,6 +88,6 @@ def _kill_after(step: int) -> None:
 
 if __name__ == "__main__":
     _install()
-    from migrate.train.launch.worker import main
+    from migrate.train.launch.worker import exit_process, main
 
-    sys.exit(main())
+    exit_process(main())

@@ -21,9 +21,10 @@ signal of the first worker it saw die, each worker left its pid in
 RUN/logs/worker_<rank>.pid, so the launcher names that rank and writes its exit
 file (128 + N for signal N); the ranks msrun then stopped get theirs too. The
 result is the code of the rank that failed first (msrun's log says which), else
-the worst a worker recorded. When a worker failed but msrun keeps waiting on
-its scheduler (which waits MS_NODE_TIMEOUT, 30 s by default, for the dead
-rank), msrun is stopped after that timeout plus a margin.
+the worst a worker recorded. Once msrun has logged a failed worker (and killed
+the others) it only waits on its scheduler, which waits MS_NODE_TIMEOUT (30 s
+by default) for the dead rank: msrun is stopped SETTLE_S after that line. A
+worker that failed while msrun says nothing is given that timeout plus a margin.
 """
 from __future__ import annotations
 
@@ -255,20 +256,30 @@ def worker_env(log_dir: Path, extra: dict | None = None, trust: bool = False) ->
     return env
 
 
+# Once msrun has logged a failed worker it kills the others at once, then only waits for its scheduler,
+# which waits MS_NODE_TIMEOUT (30 s by default) for the dead rank: a run that has failed is stopped this
+# many seconds after msrun said so instead (the kills are SIGKILLs, done by then).
+SETTLE_S = 2.0
+
+
 def _wait(proc: subprocess.Popen, log_dir: Path, ranks: list[int], echo) -> int:
     follow = _Follower(log_dir / f"worker_{ranks[0]}.log")
     grace = float(os.environ.get("MS_NODE_TIMEOUT", "30")) + 15.0
-    failed_at = None
+    failed_at = logged_at = None
     while proc.poll() is None:
         time.sleep(0.5)
         for line in follow.new_lines():
             if line.startswith(PROGRESS_PREFIX):
                 echo(line)
-        if failed_at is None and (any(_read_code(exit_file(log_dir, r)) not in (None, 0) for r in ranks)
-                                  or _msrun_failures(log_dir)):  # a worker killed outright leaves no file
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > grace:
-            _stop(proc)  # msrun still waits on its scheduler for a rank that is gone
+        logged = _msrun_failures(log_dir)  # a worker killed outright leaves no exit file, only this
+        now = time.monotonic()
+        if failed_at is None and (logged or any(_read_code(exit_file(log_dir, r)) not in (None, 0) for r in ranks)):
+            failed_at = now
+        if logged and logged_at is None:
+            logged_at = now
+        settled = logged_at is not None and now - logged_at > SETTLE_S
+        if settled or (failed_at is not None and now - failed_at > grace):
+            _stop(proc)  # msrun only waits on its scheduler for a rank that is gone
     for line in follow.new_lines():
         if line.startswith(PROGRESS_PREFIX):
             echo(line)
