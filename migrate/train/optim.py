@@ -77,7 +77,12 @@ class _AdamWUpdate(nn.Cell):
 class _FusedAdamWUpdate(nn.Cell):
     """`_AdamWUpdate` through one fused CPU kernel per tensor (migrate/train/kernels/adamw.cc): the
     same operations in the same order, so the same bits, in one pass over memory instead of fourteen,
-    the parameter and moments written in place."""
+    the parameter and moments written in place.
+
+    Called as `_AdamWUpdate` is, the gradients are used as given. With inv_scale and coef (fp32
+    scalars) each gradient is first unscaled and clipped on the way in, (g * inv_scale) * coef, the
+    graph's two multiplies; zero: the gradients are accumulator Parameters, zeroed in place once read.
+    Returns each tensor's sum of squares of the gradient it used (the clipped norm's parts)."""
 
     def __init__(self, params, exp_avg, exp_avg_sq, use_decay, fused):
         super().__init__(auto_prefix=False)
@@ -88,16 +93,26 @@ class _FusedAdamWUpdate(nn.Cell):
         self.count = len(params)
         self.fused = fused
 
-    def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps):
-        # The kernel writes parameter and moments in place, which MindSpore does not see as a write: no
-        # kernel may run before every gradient is there (a weight's backward may still read it, with
-        # clipping off), hence each depends on all of them; its token is what the graph returns.
-        done = ()  # one entry per tensor, as _AdamWUpdate's HyperMap returns
+    def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps, inv_scale=None, coef=None, zero=False):
+        one = ops.ones_like(w1)  # x * 1.0f is x exactly: an unscale or clip that is off
+        inv_scale = one if inv_scale is None else inv_scale
+        coef = one if coef is None else coef
+        zeroing = one if zero else ops.zeros_like(w1)
+        sums = ()  # one entry per tensor, as _AdamWUpdate's HyperMap returns
         for i in range(self.count):
-            scalars = ops.stack((decays[i], w1, b2, w2, neg_step, bc2_sqrt, eps, self.flags[i]))
-            grad = ops.depend(grads[i].astype(F32), grads)
-            done = done + (self.fused(self.params[i], grad, self.exp_avg[i], self.exp_avg_sq[i], scalars),)
-        return done
+            scalars = ops.stack((decays[i], w1, b2, w2, neg_step, bc2_sqrt, eps, self.flags[i], inv_scale, coef,
+                                 zeroing))
+            if zero:
+                # The accumulator Parameter itself (a cast or depend could hand over a copy); nothing else in
+                # its graph reads the accumulators, and they exist before it runs.
+                grad = grads[i]
+            else:
+                # The kernel writes parameter and moments in place, which MindSpore does not see as a write:
+                # no kernel may run before every gradient is there (a weight's backward may still read it,
+                # with clipping off), hence each depends on all of them; its sum is what the graph returns.
+                grad = ops.depend(grads[i].astype(F32), grads)
+            sums = sums + (self.fused(self.params[i], grad, self.exp_avg[i], self.exp_avg_sq[i], scalars),)
+        return sums
 
 
 def _update_cell(params, exp_avg, exp_avg_sq, use_decay, fused: bool | None):
@@ -189,7 +204,9 @@ class AdamW:
 
     @property
     def update(self) -> nn.Cell:
-        """The cell that applies one step: update(grads, *step_args) (assigns parameters and moments)."""
+        """The cell that applies one step: update(grads, *step_args) (assigns parameters and moments).
+        Where `fused`, update(grads, *step_args, inv_scale, coef, zero) also unscales, clips and zeroes
+        (`_FusedAdamWUpdate`)."""
         return self._update
 
     # ---------- state ----------

@@ -1,7 +1,7 @@
 """Fused CPU kernels of the MindSpore trainer, built from their C++ source when first needed.
 
 `adamw_op()` is MindSpore's ops.Custom over adamw.cc (one pass per tensor instead of fourteen
-element-wise kernels; bit for bit the same numbers), or None where it cannot be had: not on CPU,
+element-wise kernels and the clip's passes; bit for bit the same numbers), or None where it cannot be had: not on CPU,
 no C++ compiler, a failed build, or MIGRATE_FUSED_ADAMW=off. The trainer then runs the op-by-op
 graph (migrate/train/optim.py), which computes the same bits more slowly.
 
@@ -67,7 +67,8 @@ def _custom_op(library: str):
     import mindspore as ms
     from mindspore import ops
 
-    # param, exp_avg, exp_avg_sq are updated in place (adamw.cc); the output is a one-element token
+    # param, exp_avg, exp_avg_sq (and, asked, grad) are written in place (adamw.cc); the output is the
+    # gradient's sum of squares, one element
     return ops.Custom(f"{library}:{SYMBOL}", out_shape=lambda *shapes: (1,), out_dtype=lambda *dtypes: ms.float32,
                       func_type="aot")
 

@@ -25,6 +25,14 @@ Parameters (`steps.MicroStep.grads`), these graphs read them in place and the se
 zeroes them for the next step. Both ways run the same graph code (`grad_norm`,
 `clip_and_step`) and give the same numbers bit for bit.
 
+With the fused AdamW kernel (`optim._FusedAdamWUpdate`) the second graph is the norm's pass plus
+one pass per tensor: the kernel unscales and clips each gradient on its way in (the graph's fp32
+multiplies, so parameters and moments keep their bits), returns its sum of squares for the clipped
+norm and, split, zeroes the accumulator in place. That clipped norm is summed in double over fixed
+blocks, so it differs from the op graph's fp32 row sums in the last bits (a logged metric, held to
+torch's with a tolerance); where the coefficient is 1 it is the total norm, as in torch. A replay's
+tap and a skipped step keep the graph's clip.
+
 Numbers, as torch forms them: the norm is clip_grad_norm_'s (the norm of the per-tensor
 norms), the coefficient is max_norm * reciprocal(norm + eps) clamped at 1 (a NaN stays NaN, as
 in torch), the gradients are multiplied by it, and the clipped norm is measured on the clipped
@@ -84,14 +92,29 @@ def _clamp_max_one(coef):
     return ops.where(coef > 1.0, ops.ones_like(coef), coef)
 
 
-def clip_and_step(hyper_map, grads, unscale: bool, clip: bool, update, inv_scale, total, max_norm, eps, adam_args):
-    """(clipped norm, what `update` returned): unscale, clip by `total`, measure, step (traced in a graph)."""
+def _coefficient(total, max_norm, eps):
+    # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
+    return _clamp_max_one(ops.reciprocal(total + eps) * max_norm)
+
+
+def clip_and_step(hyper_map, grads, unscale: bool, clip: bool, update, inv_scale, total, max_norm, eps, adam_args,
+                  fold: bool = False, zero: bool = False):
+    """(clipped norm, what `update` returned): unscale, clip by `total`, measure, step (traced in a graph).
+    fold: `update` is the fused kernel's cell, which unscales, clips, measures and steps in one pass
+    (zero: and zeroes the accumulators `grads`)."""
+    if fold:
+        one = ops.ones_like(total)
+        coef = _coefficient(total, max_norm, eps) if clip else one
+        sums = update(grads, *adam_args, inv_scale if unscale else one, coef, zero)
+        clipped = total
+        if clip:  # gradients a coefficient of 1 left as they were have the norm already measured
+            clipped = ops.where(coef == 1.0, total, ops.sqrt(ops.stack(sums).sum()))
+        return ops.depend(clipped, sums), sums
     if unscale:
         grads = hyper_map(ops.partial(ops.mul, inv_scale), grads)
     clipped = total
     if clip:
-        # torch: max_norm / (total + 1e-6) is Tensor.__rtruediv__ = reciprocal * max_norm; clamp(max=1); mul_.
-        coef = _clamp_max_one(ops.reciprocal(total + eps) * max_norm)
+        coef = _coefficient(total, max_norm, eps)
         grads = hyper_map(ops.partial(ops.mul, coef), grads)
         clipped = _total_norm(hyper_map, grads)
     done = ()
@@ -128,19 +151,24 @@ class AllFinite(nn.Cell):
 
 class ClipAndStep(nn.Cell):
     """Clip the accumulated gradients, measure the clipped norm, step the optimizer (`update`;
-    None: no step) and zero the accumulators (graph 2)."""
+    None: no step) and zero the accumulators (graph 2). fold: `update` is the fused kernel's, which
+    does all of it in its one pass over each tensor."""
 
-    def __init__(self, grads, unscale: bool, clip: bool, update=None):
+    def __init__(self, grads, unscale: bool, clip: bool, update=None, fold: bool = False):
         super().__init__(auto_prefix=False)
         self.grads = grads
         self.unscale = unscale
         self.clip = clip
         self.update = update
+        self.fold = fold
         self.hyper_map = ops.HyperMap()
 
     def construct(self, inv_scale, total, max_norm, eps, decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps):
         clipped, done = clip_and_step(self.hyper_map, self.grads, self.unscale, self.clip, self.update, inv_scale,
-                                      total, max_norm, eps, (decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps))
+                                      total, max_norm, eps, (decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps),
+                                      self.fold, self.fold)
+        if self.fold:
+            return clipped  # depends on every kernel, each of which zeroed its accumulator
         zeroed = self.hyper_map(ops.partial(_zero_after, done), self.grads)  # after the update read them
         return ops.depend(clipped, zeroed)
 
@@ -158,7 +186,10 @@ class OptimizerStep:
         self.grads = grads
         clip = clipper.max_norm is not None
         self.norm_cell = GradNorm(grads, clipper.unscale)
-        self.step_cell = ClipAndStep(grads, clipper.unscale, clip, update or optimizer.update)
+        # The fused kernel clips and zeroes fp32 accumulators itself; a replay's tap needs the clipped
+        # gradients as tensors, so it keeps the graph's clip.
+        fold = update is None and optimizer.fused and all(g.dtype == ms.float32 for g in grads)
+        self.step_cell = ClipAndStep(grads, clipper.unscale, clip, update or optimizer.update, fold)
         self._skip_cell = None   # built on the first skipped step
         self._finite_cell = None  # built on the first fp16 step whose norm is not finite
         self._inv_scale = self._total = None
@@ -220,6 +251,7 @@ class WholeStep(nn.Cell):
         super().__init__(auto_prefix=False)
         self.grad_fn = ops.value_and_grad(micro.forward, None, micro.weights, has_aux=True)  # MicroStep's loss
         self.update = optimizer.update
+        self.fold = optimizer.fused  # the kernel clips; the gradients are values, never zeroed
         self.unscale, self.clip = clipper.unscale, clipper.max_norm is not None
         self.accum = accum
         self.hyper_map = ops.HyperMap()
@@ -234,7 +266,7 @@ class WholeStep(nn.Cell):
             grads = self.hyper_map(ops.add, grads, more)
         total = grad_norm(self.hyper_map, grads, inv_scale, self.unscale)
         clipped, done = clip_and_step(self.hyper_map, grads, self.unscale, self.clip, self.update, inv_scale, total,
-                                      max_norm, eps, (decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps))
+                                      max_norm, eps, (decays, w1, b2, w2, neg_step, bc2_sqrt, adam_eps), self.fold)
         return ops.depend(ops.stack(losses), done), total, clipped  # the update's assigns are part of the output
 
 

@@ -13,7 +13,8 @@ the fresh objects; every setting they read is a host value taken from the fresh 
 (`AdamW.take_settings`, the clipper's) or a graph input (lr, betas, eps, bias correction, clip
 max norm and epsilon). What a graph bakes in as a constant is in the signature: the model's
 config, class and parameters, precision, recompute, LoRA, the accumulation divisor and dtype, a
-gradient fault's factors, the decay groups, the fused AdamW kernel, clip on/off, loss scaling,
+gradient fault's factors, the decay groups, the fused AdamW kernel (it also clips and zeroes the
+accumulators, unless a replay taps them: `micro.taps`), clip on/off, loss scaling,
 one graph or split. A graph with randomness (dropout) is never reused: its RNG would go on.
 
 Two holders: a run's own objects when a fault starting at step k rebuilds them (`held`: always,
