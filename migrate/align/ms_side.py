@@ -61,17 +61,17 @@ class MSSide:
 
     def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
         """One AdamW step on fp32 master copies fed this side's gradients (mixed precision's recipe,
-        so low-precision runs compare the same thing)."""
-        # mindspore.experimental.optim.AdamW follows torch semantics (bias correction,
-        # decoupled decay) and runs on CPU, unlike mint.optim.AdamW.
-        from mindspore.experimental.optim import AdamW
+        so low-precision runs compare the same thing), by the MindSpore trainer's AdamW
+        (`migrate.train.optim`: torch's semantics op for op, what `migrate train` steps with).
+        `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first: 40 s of a
+        254 M model's 110 s `diff --grads` (bench/diff.py)."""
+        from migrate.train.optim import AdamW
 
         params = self.model.trainable_params()
         # Through numpy: CPU has no bf16 Identity kernel to copy a bf16 parameter.
         masters = [ms.Parameter(ms.Tensor(p.asnumpy().astype(np.float32)), name=p.name) for p in params]
-        grads = tuple(g.astype(ms.float32) for g in self._grads)
-        opt = AdamW(masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        opt(grads)
+        opt = AdamW([{"params": masters, "weight_decay": weight_decay}], lr=lr, betas=betas, eps=eps)
+        opt.step([g.astype(ms.float32) for g in self._grads])
         return {m.name: _as_numpy(m) for m in masters}
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
