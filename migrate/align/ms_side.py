@@ -14,6 +14,7 @@ from migrate.infer.generate import generate
 from migrate.infer.runners import CachedRunner
 from migrate.infer.sampling import Sampling
 from migrate.probe.sides import load_converted_model
+from migrate.train.optim import AdamW
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -65,8 +66,6 @@ class MSSide:
         (`migrate.train.optim`: torch's semantics op for op, what `migrate train` steps with).
         `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first: 40 s of a
         254 M model's 110 s `diff --grads` (bench/diff.py)."""
-        from migrate.train.optim import AdamW
-
         params = self.model.trainable_params()
         # Through numpy: CPU has no bf16 Identity kernel to copy a bf16 parameter.
         masters = [ms.Parameter(ms.Tensor(p.asnumpy().astype(np.float32)), name=p.name) for p in params]
