@@ -11,10 +11,12 @@ from migrate.models.config import LlamaConfig
 from migrate.parallel.layout import Layout
 from migrate.train.launch.cluster import Cluster, cluster_errors
 from migrate.train.launch.msrun import (
+    RETRY_INTERVAL_ENV,
     as_exit_status,
     free_port,
     local_ranks,
     msrun_command,
+    one_node_intervals,
     worker_args,
     worst_exit_code,
 )
@@ -144,3 +146,11 @@ def test_worst_exit_code():
     assert worst_exit_code([0, 3, 1]) == 3
     assert worst_exit_code([1, -9]) == 137  # killed by SIGKILL, as a shell reports it
     assert as_exit_status(-15) == 143 and worst_exit_code([]) == 0
+
+
+def test_a_one_machine_job_sends_its_cluster_messages_every_second_unless_told(monkeypatch):
+    for name in RETRY_INTERVAL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert one_node_intervals() == {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+    monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "7")  # the user's choice stands, and its pair is MindSpore's
+    assert one_node_intervals() == {}
