@@ -29,13 +29,14 @@ def _pynative_by_default():
 def _compile_each_step_once():
     """Training runs in one test process reuse the step graphs compiled for an earlier run whose graphs
     are the same (`migrate.train.step.reuse`; a fresh build's numbers, bit for bit, tests/test_step_reuse.py):
-    most of a tiny run's time is its compile."""
+    most of a tiny run's time is its compile. Twelve runs kept, not the default four: the suite's models are
+    tiny, and with four a file like tests/test_replay.py evicted runs it then took up again."""
     if os.environ.get("MIGRATE_TEST_REUSE_STEPS", "on") == "off":
         yield
         return
     from migrate.train.step.reuse import keep_compiled_steps
 
-    with keep_compiled_steps():
+    with keep_compiled_steps(runs=12):
         yield
 
 

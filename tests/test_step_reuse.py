@@ -140,3 +140,18 @@ def test_a_run_still_training_keeps_its_graphs_to_itself(root, spy):
         run(root, "busy_b")
     assert spy[1][1] is spy[0][1]
     assert spy[2][1] is not spy[1][1]
+
+
+def test_the_process_keeps_the_last_runs_it_was_asked_to(monkeypatch):
+    monkeypatch.setattr(reuse, "_kept", type(reuse._kept)())
+    monkeypatch.setattr(reuse, "_keeping", False)
+    with reuse.keep_compiled_steps(runs=2):
+        for sig in ("a", "b", "c"):
+            reuse._keep(sig, object(), object())
+        assert list(reuse._kept) == ["b", "c"]  # least recently used first out
+        with reuse.keep_compiled_steps(runs=3):
+            reuse._keep("d", object(), object())
+            assert list(reuse._kept) == ["b", "c", "d"]
+        reuse._keep("e", object(), object())
+        assert list(reuse._kept) == ["d", "e"]  # the outer limit again
+    assert not reuse._kept

@@ -32,9 +32,10 @@ from collections import OrderedDict
 
 import mindspore as ms
 
-KEPT_RUNS = 4  # the process keeps at most this many runs' compiled steps (least recently used first out)
+KEPT_RUNS = 4  # the runs whose compiled steps a process keeps by default (least recently used first out)
 _kept: OrderedDict[tuple, _Kept] = OrderedDict()
 _keeping = False
+_limit = KEPT_RUNS
 
 
 @dataclasses.dataclass
@@ -45,16 +46,19 @@ class _Kept:
 
 
 @contextlib.contextmanager
-def keep_compiled_steps():
+def keep_compiled_steps(runs: int = KEPT_RUNS):
     """Inside: each run's compiled step is kept for later runs in this process whose graphs are the
-    same. Leaving the outermost block forgets them."""
-    global _keeping
-    before = _keeping
-    _keeping = True
+    same, the last `runs` runs' at most. Leaving the outermost block forgets them.
+    Dropping a kept run can cost more than its own graphs: in tests/test_replay.py, with four kept,
+    the eviction of one made MindSpore compile another kept run's one-graph step anew (11 s) when
+    it was taken up again; with more kept, it was not."""
+    global _keeping, _limit
+    before, limit_before = _keeping, _limit
+    _keeping, _limit = True, runs
     try:
         yield
     finally:
-        _keeping = before
+        _keeping, _limit = before, limit_before
         if not before:
             _kept.clear()
 
@@ -90,7 +94,7 @@ def release(training) -> None:
 def _keep(sig, training, graphs) -> None:
     _kept[sig] = _Kept(training, graphs)
     _kept.move_to_end(sig)
-    while len(_kept) > KEPT_RUNS:
+    while len(_kept) > _limit:
         _kept.popitem(last=False)
 
 
