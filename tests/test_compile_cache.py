@@ -78,6 +78,14 @@ def test_one_cache_path_per_process(tmp_path, monkeypatch):
     assert not (tmp_path / "second").exists()
 
 
+def test_a_process_without_an_entry_script_runs_without_the_cache(tmp_path, monkeypatch):
+    """MindSpore keys its cache by the entry script's source: `python -c` has none, and its compile would fail."""
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    with compile_cache.compile_cache(tmp_path / "graphs") as state:
+        assert state.startswith("off (MindSpore's cache needs the entry script's file")
+    assert not (tmp_path / "graphs").exists()
+
+
 @pytest.mark.parametrize("value, on", [("", True), ("on", True), ("off", False), ("0", False), ("OFF", False)])
 def test_the_switch(monkeypatch, value, on):
     monkeypatch.setenv(compile_cache.ENV_SWITCH, value)

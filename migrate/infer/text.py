@@ -11,18 +11,54 @@ from collections.abc import Callable
 from pathlib import Path
 
 from migrate.errors import MigrateError
+from migrate.hf_config import transformers_version
+from migrate.jsonsafe import load_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+# AutoTokenizer's module imports every model config and, through them, torch: about 3 s of a `migrate generate`
+# process that needs no torch (SmolLM2's tokenizer: 4.1 s through AutoTokenizer, 1.3 s through its class).
+# Where AutoTokenizer would choose transformers' generic fast class anyway, that class is loaded directly:
+# transformers 5, a tokenizer_config.json naming a generic class and no code of its own, and a model type for
+# which AutoTokenizer keeps the named class: none (a converted folder has no config.json), or one it neither
+# corrects nor gives Mistral's own backend (tests/test_tokenizer_load.py checks each against AutoTokenizer).
+# Everything else goes through AutoTokenizer.
+GENERIC_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+DIRECT_MODEL_TYPES = frozenset({"", "llama", "qwen3", "gpt2", "gemma", "bert"})  # qwen2: AutoTokenizer corrects it
+
+
+def direct_class_name(folder: Path) -> str | None:
+    """The generic class AutoTokenizer would load for this folder, when that is certain without it; else None."""
+    if transformers_version()[0] < 5:
+        return None
+    try:
+        tokenizer_config = load_json(folder / "tokenizer_config.json", expect=dict)
+        # a converted folder has no config.json: AutoTokenizer then sees no model type and keeps the named class
+        model_config = load_json(folder / "config.json", expect=dict) if (folder / "config.json").exists() \
+            else {"model_type": ""}
+    except (OSError, MigrateError):
+        return None  # AutoTokenizer says what is wrong, in its words
+    name = tokenizer_config.get("tokenizer_class")
+    if name not in GENERIC_CLASSES or "auto_map" in tokenizer_config or "auto_map" in model_config \
+            or model_config.get("model_type") not in DIRECT_MODEL_TYPES:
+        return None
+    return "TokenizersBackend"
+
+
 def load_tokenizer(folder):
-    """transformers' AutoTokenizer for the folder (local files only), or None when it holds no tokenizer."""
+    """The folder's tokenizer as AutoTokenizer loads it (local files only), or None when it holds no tokenizer."""
     folder = Path(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
-
     try:
+        direct = direct_class_name(folder)
+        if direct is not None:
+            import transformers
+
+            return getattr(transformers, direct).from_pretrained(str(folder), local_files_only=True)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:
         raise MigrateError(f"cannot load the tokenizer in {folder}: {str(exc).strip().splitlines()[0]}") from None
