@@ -94,7 +94,8 @@ def _compare_arguments(p) -> None:
                                   "or MindSpore Transformers log, TensorBoard event files (format detected)")
     p.add_argument("ms", help="MindSpore metrics.jsonl or run folder (or any format the golden takes)")
     p.add_argument("--noise", help="a second golden run: its distance to the first is the noise band")
-    p.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16: picks the default tolerances")
+    p.add_argument("--dtype", help="fp32 | bf16 | fp16: picks the default tolerances (default: the precision the "
+                                   "runs' effective_hparams.json record, else fp32)")
     p.add_argument("--plot", help="write a PNG of the curves and their difference")
     p.add_argument("--json", help="write the comparison as JSON")
     p.add_argument("--allow-prefix", action="store_true", help="accept a run that stopped early")

@@ -9,6 +9,7 @@ same judgement must fail a MindSpore run with a real porting fault
 (AdamW without bias correction), by the band rule alone.
 """
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -93,3 +94,24 @@ def test_the_band_fails_a_faulty_run_by_itself(runs):
     c = checks(report)
     assert code == 1 and c["mean"]["passed"] is None and c["max"]["passed"] is None
     assert c["band"]["passed"] is False and c["band"]["value"] > 2
+
+
+def test_without_dtype_compare_takes_the_precision_the_runs_record(runs, tmp_path):
+    """`--dtype` left out: bf16's bounds, which both effective_hparams.json record, said in a note; the same
+    verdict and figures as with `--dtype bf16`. A log that records nothing is judged on fp32's."""
+    def run(golden, ms, *extra):
+        out = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        code = main(["compare", str(golden), str(ms), "--json", str(out), *extra])
+        return code, json.loads(out.read_text())
+
+    code, report = run(runs / "golden", runs / "ms")
+    given_code, given = run(runs / "golden", runs / "ms", "--dtype", "bf16")
+    assert report["dtype"] == "bf16" and (code, report["checks"]) == (given_code, given["checks"])
+    assert "tolerances for bf16, the precision the runs record (--dtype to choose)" in report["notes"]
+    code, report = run(runs / "golden", runs / "ms_fault")
+    assert code == 1 and report["dtype"] == "bf16"
+    for side in ("golden", "ms"):  # the bare logs: no effective_hparams.json beside them
+        (tmp_path / side).mkdir()
+        shutil.copy(runs / side / "metrics.jsonl", tmp_path / side / "metrics.jsonl")
+    _, report = run(tmp_path / "golden", tmp_path / "ms")
+    assert report["dtype"] == "fp32" and not any("the precision the runs record" in n for n in report["notes"])

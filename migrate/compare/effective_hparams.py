@@ -287,6 +287,23 @@ def compare_files(golden_file: Path, ms_file: Path) -> HparamsCheck:
     return check
 
 
+def recorded_dtype(check: HparamsCheck) -> str | None:
+    """The run precision the files record: the golden's where both have it (a mismatch fails the
+    cross-check itself), else the one file's that does; None where neither records one."""
+    row = next((r for r in check.rows if r.knob == "dtype"), None)
+    if row is not None:
+        return row.golden if isinstance(row.golden, str) else None
+    for path, side in ((check.golden_file, "golden"), (check.ms_file, "mindspore")):
+        if path is not None and check.skipped:
+            try:
+                value = KNOBS["dtype"][0](_load(path, side))
+            except MigrateError:
+                continue  # the cross-check was skipped: a file it never read does not stop the comparison
+            if isinstance(value, str):
+                return value
+    return None
+
+
 def _load(path: Path, side: str) -> dict:
     try:
         data = load_json(Path(path))

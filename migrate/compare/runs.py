@@ -11,7 +11,7 @@ import numpy as np
 
 from migrate.compare.clip import clip_check
 from migrate.compare.drift import drift_check
-from migrate.compare.effective_hparams import cross_check
+from migrate.compare.effective_hparams import cross_check, recorded_dtype
 from migrate.compare.log_alignment import (
     align_runs,
     describe,
@@ -44,7 +44,7 @@ from migrate.errors import MigrateError
 __all__ = ["compare_runs"]
 
 
-def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: str = "fp32",
+def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: str | None = None,
                  tolerances: Tolerances | Mapping[str, Any] | None = None, *,
                  allow_prefix: bool = False, hparams: tuple[Any, Any] | None = None) -> CompareResult:
     """Read and compare the golden and MindSpore metrics (and optionally a noise run).
@@ -55,9 +55,14 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
     (`reference`). ``hparams``: the two runs'
     effective_hparams.json (golden's first); by default the files beside the
     two metrics.jsonl, and the cross-check is skipped, saying so, where one is
-    missing. Raises `MigrateError` on bad input.
+    missing. ``dtype`` picks the default bounds; None: the precision the runs' effective_hparams.json
+    record (`recorded_dtype`), else fp32. Raises `MigrateError` on bad input.
     """
-    dt = canonical_dtype(dtype)
+    golden = read_run(golden_path, "golden")
+    ms = read_run(ms_path, "MindSpore")
+    checked = cross_check(golden.path, ms.path, hparams)
+    recorded = recorded_dtype(checked) if dtype is None else None
+    dt = canonical_dtype(dtype or recorded or "fp32")
     tol = Tolerances.for_dtype(dt)
     given: tuple[str, ...] = ()   # bounds set explicitly: the run's own scale does not move them
     if isinstance(tolerances, Tolerances):
@@ -66,17 +71,17 @@ def compare_runs(golden_path: Any, ms_path: Any, noise_path: Any = None, dtype: 
     elif tolerances is not None:
         given = tuple(k for k, v in dict(tolerances).items() if v is not None)
         tol = tol.with_overrides(**dict(tolerances))
-    golden = read_run(golden_path, "golden")
-    ms = read_run(ms_path, "MindSpore")
     noise = read_run(noise_path, "noise") if noise_path is not None else None
     notes = [n for n in (describe(golden, "golden"), describe(ms, "MindSpore")) if n]
+    if recorded is not None and dt != "fp32":  # fp32, the default, goes without saying
+        notes.append(f"tolerances for {dt}, the precision the runs record (--dtype to choose)")
     golden, ms = align_runs(golden, ms, notes)  # foreign logs: averaged losses, sparse steps
 
     res = _paired(golden, ms, noise, tol, allow_prefix)
     res.notes[:0] = notes
     res.formats = {"golden": golden.format, "ms": ms.format}
     mask_unlogged(res, golden, ms)
-    res.hparams = cross_check(golden.path, ms.path, hparams)
+    res.hparams = checked
     res.reference = first_step_scale(golden, int(res.steps[0]), res.hparams, tol, given)  # the golden's own rounding
     tol = scaled_bounds(tol, res.reference, res.notes)
     res.tolerances, drift_floor = resolution_bounds(
