@@ -435,6 +435,15 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(os.cpu_count() or 1)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_generate_"))
+    try:
+        return measure(root, real_hf, args)
+    finally:
+        if not args.workdir:  # a temp folder: its models, exports and caches (GBs with --real) go with it
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(root: Path, real_hf: Path | None, args) -> int:
+    """The whole bench in `root`: the synthetic batches, the compile-once runs, --real's section, the targets."""
     hf_dir, ms_dir, params = build(root)
     print(f"model: Llama {params / 1e6:.0f} M parameters (hidden 768, 12 layers, GQA 12/4 heads, vocab 32000) · "
           f"fp32 · prompt {args.prompt_len} tokens · {args.new_tokens} new tokens greedy · {os.cpu_count()} CPU cores")

@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -391,9 +392,17 @@ def main(argv=None) -> int:
 
         real_hf = Path(prepared_smollm2())
 
-    from migrate.demo_train import prepare
-
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_train_"))
+    try:
+        return measure(work, sizes, dtypes, real_hf, args)
+    finally:
+        if not args.workdir:  # a temp folder: its setups and runs go with it
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(work: Path, sizes: list, dtypes: list, real_hf: Path | None, args) -> int:
+    """Every size and dtype asked, in `work`: the runs, their table and breakdown, the target lines."""
+    from migrate.demo_train import prepare
 
     def setup(name: str, make) -> Path:
         config = work / name / "run.yaml"

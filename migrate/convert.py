@@ -37,7 +37,6 @@ from migrate.checkpoints.sharding import (
     DEFAULT_MAX_SHARD,
     PROTOBUF_LIMIT,
     ShardedWriter,
-    human,
     index_name,
     parse_size,
     plan_shards,
@@ -48,6 +47,7 @@ from migrate.keymap import resolve
 from migrate.keymap_check import coverage
 from migrate.models.config import ConfigIO
 from migrate.models.conversion_plan import ConversionPlan
+from migrate.resources import human_bytes
 from migrate.sidecar import copy_sidecars, sidecars
 
 FORMATS = {"ckpt": "model.ckpt", "safetensors": "model.safetensors"}  # single-file names
@@ -260,7 +260,7 @@ def _plan(jobs, fmt, max_bytes, crc) -> list[list[str]]:
         for shard in shards:
             if len(shard) == 1 and size_of[shard[0]] > PROTOBUF_LIMIT:
                 raise MigrateError(
-                    f"tensor {shard[0]} alone needs {human(size_of[shard[0]])}, over the 2 GiB protobuf limit "
+                    f"tensor {shard[0]} alone needs {human_bytes(size_of[shard[0]])}, over the 2 GiB protobuf limit "
                     "of one .ckpt file that mindspore.load_checkpoint can parse; use --format safetensors"
                 )
         return shards

@@ -46,13 +46,6 @@ def shard_name(fmt: str, k: int, n: int) -> str:
     return f"model-{k:05d}-of-{n:05d}{FORMAT_SUFFIX[fmt]}"
 
 
-def human(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"
-
-
 def plan_shards(sizes: list[tuple[str, int]], max_bytes: int | None, fixed: int = 0) -> list[list[str]]:
     """Cut (name, bytes) items, in order, into shards of at most `max_bytes` each
     (`fixed` bytes per file on top, e.g. a trailer). A single item larger than
