@@ -56,6 +56,7 @@ if not __package__:  # run as a script from the checkout: `migrate` lies beside 
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 from migrate.checkpoints.atomic import atomic_output_dir  # noqa: E402
 from migrate.data.samples import load_samples, run_order  # noqa: E402
@@ -712,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
                              "MIGRATE_TRUST_MODEL_CLASS=1 does the same)")
     args = parser.parse_args(argv)
     trust = args.trust_model_class or trust_from_env(os.environ)  # the entry point reads the environment
+    # transformers' "Loading weights" / "Writing model shards" bars, at the start and at every checkpoint,
+    # would cut into the run's own step lines
+    hf_logging.disable_progress_bar()
     try:
         cfg = RunConfig.load(args.config)
         overrides = {k: v for k, v in (("seed", args.seed), ("data_seed", args.data_seed)) if v is not None}
