@@ -23,6 +23,7 @@ from migrate.infer.sampling import Sampling
 from migrate.infer.sizes import check_generation_memory
 from migrate.infer.special_ids import stop_and_pad
 from migrate.infer.text import TextStream, decode, encode_prompts, load_tokenizer
+from migrate.models.fused_layout import fused_plans
 from migrate.models.registry import load_model_config
 
 
@@ -45,6 +46,8 @@ class Options:
     compare_hf: str | Path | None = None
     compile_cache: bool = False          # MindSpore's compile cache, one folder per model and shape
                                          # (`migrate.infer.compile_cache`; the CLI's default)
+    fuse: bool = True                    # the KV-cache path in the fused layout where the folder allows
+                                         # (`migrate.models.fused_loading`: q/k/v and gate/up as one matmul each)
 
 
 @dataclass
@@ -92,6 +95,7 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     batch = make_batch(prompts, prompt_pad if prompt_pad is not None else pad, vocab)
     rows = batch.size
     cached_compile = spec is None and options.compile_cache and options.cache and options.mode == "graph"
+    fused = spec is None and options.cache and options.fuse and fused_plans(folder, config, trust) is not None
     prefill_len = batch.prompt_len
     if spec is None:
         _check_live_options(options)
@@ -107,13 +111,13 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     from migrate.models.mode import execution_mode
 
     # MindSpore's mode is process-wide: held while the runner loads and runs, the caller's put back after.
-    cache_folder = _compile_cache_folder(fields, options, batch.size, prefill_len, cache_len) if cached_compile \
-        else None
+    cache_folder = _compile_cache_folder(fields, options, batch.size, prefill_len, cache_len, fused) \
+        if cached_compile else None
     with execution_mode("graph" if spec is not None else options.mode), compile_cache(cache_folder) as cache_state:
         if spec is not None:
             runner, batch, path = _mindir_runner(source.mindir, spec, batch, options.max_new_tokens)
         else:
-            runner, path = _live_runner(folder, batch, options, cache_len, trust, prefill_len)
+            runner, path = _live_runner(folder, batch, options, cache_len, trust, prefill_len, fused)
         stream = TextStream(tokenizer, write) if write is not None and rows == 1 else None
         on_step = (lambda step, tokens: stream.push(tokens[0])) if stream is not None else None
         result = generate(runner, batch, options.max_new_tokens, options.sampling, stop_ids=stops, pad_id=pad,
@@ -145,25 +149,30 @@ def _bucketed_shapes(prompt_len: int, options: Options, cache_len: int) -> tuple
     return prefill, bucketed(prefill + max(options.max_new_tokens, 1), CACHE_BUCKET)
 
 
-def _compile_cache_folder(fields: dict, options: Options, batch: int, prefill_len: int, cache_len: int) -> Path:
+def _compile_cache_folder(fields: dict, options: Options, batch: int, prefill_len: int, cache_len: int,
+                          fused: bool = False) -> Path:
     dtype = options.dtype or canonical_dtype(fields.get("compute_dtype", "float32"))
-    return cache_root() / fingerprint(fields, dtype=dtype, runner="kv_cache", batch=batch, prefill_len=prefill_len,
+    runner = "kv_cache_fused" if fused else "kv_cache"  # other parameters, other graphs
+    return cache_root() / fingerprint(fields, dtype=dtype, runner=runner, batch=batch, prefill_len=prefill_len,
                                       cache_len=cache_len)
 
 
 def _live_runner(folder: Path, batch: Batch, options: Options, cache_len: int, trust: bool = False,
-                 prefill_len: int | None = None):
+                 prefill_len: int | None = None, fused: bool = False):
     """The converted model as a runner, in the mode the caller holds (`options.mode`); prefill_len:
-    the static prompt length (the longest prompt, or a compile-cache bucket), left-padded to."""
+    the static prompt length (the longest prompt, or a compile-cache bucket), left-padded to; fused:
+    loaded in the fused layout (`fused_loading`; the caller has checked that the folder allows it)."""
     from migrate.infer.runners import CachedRunner, UncachedRunner
+    from migrate.models.fused_loading import load_fused_model
     from migrate.models.loading import load_model
 
-    model, _ = load_model(folder, compute_dtype=PRECISIONS[options.dtype].compute if options.dtype else None,
-                          trust=trust)
+    dtype = PRECISIONS[options.dtype].compute if options.dtype else None
+    model, _ = load_fused_model(folder, dtype, trust=trust) if fused else load_model(folder, dtype, trust=trust)
     kind = CachedRunner if options.cache else UncachedRunner
     runner = kind(model, batch.size, prefill_len or batch.prompt_len, cache_len)
     mode = "GRAPH_MODE" if options.mode == "graph" else "PyNative"
-    return runner, (f"KV cache, {mode}" if options.cache else f"no cache (full forward each step), {mode}")
+    layout = ", fused q/k/v and gate/up" if fused else ""
+    return runner, (f"KV cache{layout}, {mode}" if options.cache else f"no cache (full forward each step), {mode}")
 
 
 def _mindir_runner(folder, spec: dict, batch: Batch, max_new_tokens: int):
