@@ -7,7 +7,8 @@ over 4 KV heads, vocab 32000, untied, fp32), converts it, and generates --new-to
 after the same prompts (seeded ids, one length: no padding) at each batch size, side by side in
 this process:
 
-  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs)
+  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs), the
+             fused layout (q/k/v and gate/up one matmul each; docs/generate.md)
   no cache, GRAPH_MODE   the full forward every step over the padded cache length (one graph, as
              MindFormers runs without `use_past`); every step computes the same shape, so it is
              timed over --uncached-steps steps and its time per token holds for the whole run
@@ -179,11 +180,10 @@ def memory_child(path: str, root: Path, batch_size: int, prompt_len: int, steps:
     import mindspore as ms
 
     from migrate.infer.runners import CachedRunner
-    from migrate.models.loading import load_model
 
     ms.set_context(mode=ms.GRAPH_MODE)
     imports = _memory_mb("VmRSS")
-    model, _ = load_model(root / "ms")
+    model = generation_model(root / "ms")
     weights = sum(p.size * p.itemsize for p in model.get_parameters()) / MB
     runner = CachedRunner(model, batch_size, prompt_len, prompt_len + steps)
     cache = sum(p.size * p.itemsize for p in runner.step.cache.get_parameters()) / MB
@@ -332,17 +332,23 @@ def decode(runner, batch, default):
     return lambda n: generate(runner, batch, n or default, Sampling())
 
 
+def generation_model(ms_dir: Path):
+    """The model `migrate generate`'s KV-cache path runs: the fused layout where the folder allows it."""
+    from migrate.models.fused_loading import load_fused_model
+    from migrate.models.loading import load_model
+
+    return (load_fused_model(ms_dir) or load_model(ms_dir))[0]
+
+
 def cached_path(ms_dir: Path, batch, prompt_len: int, steps: int):
-    """`migrate generate`'s path (the static KV cache, GRAPH_MODE); returns (model, timed result)."""
+    """`migrate generate`'s path (the static KV cache, GRAPH_MODE, the fused layout); its timed result."""
     import mindspore as ms
 
     from migrate.infer.runners import CachedRunner
-    from migrate.models.loading import load_model
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    model, _ = load_model(ms_dir)
-    cached = CachedRunner(model, batch.size, prompt_len, prompt_len + steps)
-    return model, timed("ours, KV cache (GRAPH_MODE)", decode(cached, batch, steps))
+    cached = CachedRunner(generation_model(ms_dir), batch.size, prompt_len, prompt_len + steps)
+    return timed("ours, KV cache (GRAPH_MODE)", decode(cached, batch, steps))
 
 
 def synthetic_batch(root: Path, hf_dir: Path, ms_dir: Path, b: int, args) -> tuple[list, dict, list]:
@@ -351,10 +357,12 @@ def synthetic_batch(root: Path, hf_dir: Path, ms_dir: Path, b: int, args) -> tup
 
     from migrate.infer.mindir import MindIRRunner, export_mindir
     from migrate.infer.runners import UncachedRunner
+    from migrate.models.loading import load_model
 
     steps, cache_len = args.new_tokens, args.prompt_len + args.new_tokens
     batch = seeded_batch(b, args.prompt_len, CONFIG["vocab_size"])
-    model, cached = cached_path(ms_dir, batch, args.prompt_len, steps)
+    cached = cached_path(ms_dir, batch, args.prompt_len, steps)
+    model, _ = load_model(ms_dir)  # the folder's own layout, for the paths without a cache
     results = [cached]
     m = min(steps, args.uncached_steps)
     full = UncachedRunner(model, b, args.prompt_len, cache_len)  # GRAPH_MODE: the padded length each step
@@ -392,7 +400,7 @@ def real_section(hf: Path, root: Path, args) -> list[str]:
     rows, memory, targets = [], {}, []
     for b in args.batch:
         batch = seeded_batch(b, args.prompt_len, facts["vocab_size"])
-        _, cached = cached_path(ms_dir, batch, args.prompt_len, steps)
+        cached = cached_path(ms_dir, batch, args.prompt_len, steps)
         results = [cached, timed("HF generate (its cache)", hf_path(hf_dir, batch, steps))]
         rows += result_rows(b, results)
         memory[b] = peak_memory(real, b, args.prompt_len, steps)
