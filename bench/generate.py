@@ -7,8 +7,7 @@ over 4 KV heads, vocab 32000, untied, fp32), converts it, and generates --new-to
 after the same prompts (seeded ids, one length: no padding) at each batch size, side by side in
 this process:
 
-  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs), the
-             fused layout (q/k/v and gate/up one matmul each; docs/generate.md)
+  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs)
   no cache, GRAPH_MODE   the full forward every step over the padded cache length (one graph, as
              MindFormers runs without `use_past`); every step computes the same shape, so it is
              timed over --uncached-steps steps and its time per token holds for the whole run
@@ -332,16 +331,17 @@ def decode(runner, batch, default):
     return lambda n: generate(runner, batch, n or default, Sampling())
 
 
-def generation_model(ms_dir: Path):
-    """The model `migrate generate`'s KV-cache path runs: the fused layout where the folder allows it."""
+def generation_model(ms_dir: Path, fused: bool = False):
+    """The model `migrate generate`'s KV-cache path runs: the folder's own layout, or with --fused the fused
+    one where the folder allows it."""
     from migrate.models.fused_loading import load_fused_model
     from migrate.models.loading import load_model
 
-    return (load_fused_model(ms_dir) or load_model(ms_dir))[0]
+    return ((load_fused_model(ms_dir) if fused else None) or load_model(ms_dir))[0]
 
 
 def cached_path(ms_dir: Path, batch, prompt_len: int, steps: int):
-    """`migrate generate`'s path (the static KV cache, GRAPH_MODE, the fused layout); its timed result."""
+    """`migrate generate`'s path (the static KV cache, GRAPH_MODE); its timed result."""
     import mindspore as ms
 
     from migrate.infer.runners import CachedRunner

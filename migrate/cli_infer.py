@@ -32,7 +32,7 @@ def _cmd_generate(args) -> int:
     options = Options(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_tokens=tuple(args.stop_token or ()),
                       ignore_eos=args.ignore_eos, cache=not args.no_cache, mode=args.mode, dtype=args.dtype,
                       cache_len=args.cache_len, compare_hf=args.compare_hf,
-                      compile_cache=not args.no_compile_cache and compile_cache_wanted(), fuse=not args.unfused)
+                      compile_cache=not args.no_compile_cache and compile_cache_wanted(), fuse=args.fused)
     if args.max_new_tokens <= 0:
         raise MigrateError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.mindir and (args.no_cache or args.cache_len):
@@ -81,9 +81,9 @@ def _generate_arguments(p) -> None:
     p.add_argument("--no-compile-cache", action="store_true",
                    help="compile the graphs afresh and keep nothing (default: reuse this model's and shape's "
                         "graphs from ~/.cache/migrate/compile; MIGRATE_COMPILE_CACHE=off, MIGRATE_CACHE_DIR)")
-    p.add_argument("--unfused", action="store_true",
-                   help="run the folder's own layout (default: a Llama-family folder decodes with q/k/v and "
-                        "gate/up fused into one matmul each, as `convert --qkv-concat` writes them: faster)")
+    p.add_argument("--fused", action="store_true",
+                   help="decode a Llama-family folder with q/k/v and gate/up fused into one matmul each, as "
+                        "`convert --qkv-concat` writes them (the same tokens; see docs/generate.md for when it pays)")
     p.add_argument("--dtype", choices=NAMES, help="compute dtype (default: model.yaml's)")
     p.add_argument("--compare-hf", metavar="HF_DIR",
                    help="run HF generate with the same settings; exit 1 if tokens or per-step logits differ")

@@ -1,4 +1,4 @@
-"""`migrate generate` decodes an unfused Llama-family folder in MindFormers' fused layout
+"""`migrate generate --fused` decodes an unfused Llama-family folder in MindFormers' fused layout
 (migrate/models/fused_loading.py): the parameters made while the checkpoint streams in are the very
 tensors `convert --qkv-concat` writes, the tokens are the unfused run's, the compile cache keeps the
 two layouts apart, and a folder that cannot be fused loads as it is."""
@@ -70,13 +70,13 @@ def test_a_checkpoint_missing_a_tensor_does_not_fit(folders, tmp_path):
 def test_generate_gives_the_unfused_tokens_and_says_which_layout_ran(folders, capsys):
     ms_dir = folders / "bias" / "ms"
     runs = {}
-    for flag in ((), ("--unfused",)):
+    for flag in (("--fused",), ()):
         capsys.readouterr()
         assert main(["generate", str(ms_dir), "--ids", "5,9,17,33,3,8", "--max-new-tokens", "16", "--ignore-eos",
                      "--no-stream", *flag]) == 0
         out = capsys.readouterr().out
         runs[flag] = out
-    fused, plain = runs[()], runs[("--unfused",)]
+    fused, plain = runs[("--fused",)], runs[()]
     assert "KV cache, fused q/k/v and gate/up, GRAPH_MODE" in " ".join(fused.split())
     assert "fused" not in plain
     assert fused.splitlines()[0] == plain.splitlines()[0] and len(fused.splitlines()[0].split()) == 16

@@ -46,8 +46,9 @@ class Options:
     compare_hf: str | Path | None = None
     compile_cache: bool = False          # MindSpore's compile cache, one folder per model and shape
                                          # (`migrate.infer.compile_cache`; the CLI's default)
-    fuse: bool = True                    # the KV-cache path in the fused layout where the folder allows
-                                         # (`migrate.models.fused_loading`: q/k/v and gate/up as one matmul each)
+    fuse: bool = False                   # the KV-cache path in the fused layout where the folder allows
+                                         # (`migrate.models.fused_loading`: q/k/v and gate/up as one matmul each;
+                                         # opt-in until a quiet measurement says where it is faster)
 
 
 @dataclass
