@@ -17,7 +17,8 @@ def torch_adamw_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray]
     names = list(params)
     masters = []
     for name in names:
-        master = torch.from_numpy(np.asarray(params[name])).to(dtype).clone().requires_grad_(True)
+        # One copy: widened to float64 and cloned was two of every parameter for the noise reference.
+        master = torch.from_numpy(np.asarray(params[name])).to(dtype, copy=True).requires_grad_(True)
         master.grad = torch.from_numpy(np.asarray(grads[name])).to(dtype)
         masters.append(master)
     torch.optim.AdamW(masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay).step()
