@@ -4,6 +4,7 @@ is recorded by probe's hooks (`probe.live`); this side adds the gradients, the A
 the greedy generation of `--grads` and `--generate`."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import mindspore as ms
@@ -13,6 +14,7 @@ from migrate.infer.batch import make_batch
 from migrate.infer.generate import generate
 from migrate.infer.runners import CachedRunner
 from migrate.infer.sampling import Sampling
+from migrate.models.mode import execution_mode
 from migrate.probe.sides import load_converted_model
 from migrate.train.optim import AdamW
 
@@ -53,25 +55,31 @@ class MSSide:
     def parameter_names(self) -> list[str]:
         return [p.name for p in self.model.trainable_params()]
 
-    def parameters_and_grads(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """The trainable parameters (as they are before any step) and the last `gradients` call's
-        gradients, float32, by name: what `align.optimizer_reference` steps with torch's AdamW."""
-        params = self.model.trainable_params()
-        return ({p.name: _as_numpy(p) for p in params},
-                {p.name: _as_numpy(g) for p, g in zip(params, self._grads, strict=True)})
+    def adamw_steps(self, names, lr: float, betas, eps: float, weight_decay: float) \
+            -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+        """One AdamW step on fp32 master copies fed the last `gradients` call's gradients (mixed
+        precision's recipe, so low-precision runs compare the same thing), by the MindSpore trainer's
+        AdamW (`migrate.train.optim`: torch's semantics op for op, what `migrate train` steps with).
+        Per name in `names`, in that order: the parameter before the step, its gradient (what
+        `align.optimizer_reference` steps torch's AdamW with) and the parameter after, float32.
 
-    def adamw_step(self, lr: float, betas, eps: float, weight_decay: float) -> dict[str, np.ndarray]:
-        """One AdamW step on fp32 master copies fed this side's gradients (mixed precision's recipe,
-        so low-precision runs compare the same thing), by the MindSpore trainer's AdamW
-        (`migrate.train.optim`: torch's semantics op for op, what `migrate train` steps with).
-        `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first: 40 s of a
-        254 M model's 110 s `diff --grads` (bench/diff.py)."""
-        params = self.model.trainable_params()
-        # Through numpy: CPU has no bf16 Identity kernel to copy a bf16 parameter.
-        masters = [ms.Parameter(ms.Tensor(p.asnumpy().astype(np.float32)), name=p.name) for p in params]
-        opt = AdamW([{"params": masters, "weight_decay": weight_decay}], lr=lr, betas=betas, eps=eps)
-        opt.step([g.astype(ms.float32) for g in self._grads])
-        return {m.name: _as_numpy(m) for m in masters}
+        One tensor at a time: AdamW is elementwise per tensor and every tensor here is in one group
+        with the same hyperparameters, so a tensor stepped alone takes the very step it takes among
+        the others, and only one tensor's master, moments and copies are held at once instead of the
+        whole model's. `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first:
+        40 s of a 254 M model's 110 s `diff --grads` (bench/diff.py)."""
+        pairs = {p.name: (p, g) for p, g in zip(self.model.trainable_params(), self._grads, strict=True)}
+        for name in names:
+            param, grad = pairs.pop(name)
+            before = _as_numpy(param)
+            # From numpy (a copy, which the step writes in place): CPU has no bf16 Identity kernel to copy a
+            # bf16 parameter. In PyNative whatever --mode says: a graph per tensor would compile once per tensor.
+            master = ms.Parameter(ms.Tensor(before), name=name)
+            with execution_mode("pynative"):
+                opt = AdamW([{"params": [master], "weight_decay": weight_decay}], lr=lr, betas=betas, eps=eps)
+                opt.zero_moments()
+                opt.step([grad.astype(ms.float32)])
+            yield name, before, _as_numpy(grad), _as_numpy(master)
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:
         """Greedy decoding through the model's KV cache (`migrate.infer`), no stop token."""

@@ -193,14 +193,12 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) 
     # gradients. Stepping each side from its own gradients would judge the gradients again, through
     # AdamW's first step, which maps a gradient near zero to a move of up to lr whichever way its
     # rounding falls (on SmolLM2 one tensor moved 60x further than torch's own float64 twin).
-    # AdamW is elementwise per tensor, so torch's reference steps one tensor at a time.
-    ms_after = ms_side.adamw_step(lr=lr, **ADAMW)
-    params, grads = ms_side.parameters_and_grads()
-    for name in backward:
-        one = ({name: params.pop(name)}, {name: grads.pop(name)})
+    # AdamW is elementwise per tensor, so both sides step one tensor at a time (`MSSide.adamw_steps`).
+    for name, before, grad, ms_after in ms_side.adamw_steps(backward, lr=lr, **ADAMW):
+        one = ({name: before}, {name: grad})
         ref_after = torch_adamw_step(*one, lr=lr, **ADAMW)[name]
         exact = torch_adamw_step(*one, lr=lr, exact=True, **ADAMW)[name] if twin else None
-        report.add(name, ref_after, ms_after.pop(name), kind="param_after_step", exact=exact)
+        report.add(name, ref_after, ms_after, kind="param_after_step", exact=exact)
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
 
 

@@ -160,6 +160,13 @@ class AdamW:
         # fused: the one-pass CPU kernel (None: where it can be had; the same bits either way)
         self._update, self.fused = _update_cell(self.parameters, self.exp_avg, self.exp_avg_sq, use_decay, fused)
 
+    def zero_moments(self) -> None:
+        """Both moments as zeros made by MindSpore (`ops.zeros`) instead of on the lazy initializer's
+        first use, which fills a numpy array and copies it in: a one-step optimizer (`migrate diff
+        --grads`' reference step) pays for every moment once, and this way once only."""
+        for moment in (*self.exp_avg, *self.exp_avg_sq):
+            moment.set_data(ops.zeros(moment.shape, F32))
+
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
         for g in self.param_groups:
