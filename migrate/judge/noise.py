@@ -48,8 +48,9 @@ def noise_figures(ref: Any, exact: Any, logits: bool = False) -> dict:
 
 
 def error_figures(got: Any, exact: Any) -> dict:
-    """The other side's own error against the same twin (live runs only: a dump keeps no twin)."""
-    m = tensor_metrics(exact, got)
+    """The other side's own error against the same twin (live runs only: a dump keeps no twin). None
+    of its figures is relative: one pass over the arrays (`tensor_metrics(relative=False)`)."""
+    m = tensor_metrics(exact, got, relative=False)
     return {} if m.get("error") else {k: m.get(k) for k in _FIGURES}
 
 
