@@ -21,7 +21,7 @@ from migrate.errors import MigrateError
 from migrate.judge.noise import TWIN
 from migrate.judge.report import Report
 from migrate.judge.thresholds import Thresholds, fallback_factor
-from migrate.judge.twin import REFERENCES, float64_in_place, twin_refused
+from migrate.judge.twin import REFERENCES, twin_refused
 from migrate.keymap import Keymap, recorded_keymap
 from migrate.models.conversion_plan import ConversionPlan
 from migrate.models.mode import execution_mode
@@ -133,9 +133,12 @@ def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padde
     sides = (Side("HF PyTorch", "hf", str(hf_dir), "torch", hf_side.model, dict(km.align)),   # probe's protocol
              Side("MindSpore", "converted", str(ms_dir), "mindspore", ms_side.model,
                   bundled_align(type(ms_side.model))))
-    _forward(report, hf_side, ms_side, inputs, detail, twin, sides)
+    passes = {}  # --grads: the gradients of the runs the forward records (`_gradient_runs`)
+    runs = _gradient_runs(hf_side, ms_side, inputs, plan, twin, passes,
+                          pynative=bool(fault) or mode == "pynative") if grads else None
+    _forward(report, hf_side, ms_side, inputs, detail, twin, sides, runs)
     if grads:
-        _backward(report, hf_side, ms_side, inputs, plan, lr, twin)
+        _backward(report, hf_side, ms_side, inputs, plan, lr, twin, passes)
     if generate:
         _generation(report, hf_side, ms_side, inputs, generate, hf_dir)
     return report.finalize()
@@ -149,12 +152,12 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
     return array[inputs.valid]
 
 
-def _forward(report, hf_side, ms_side, inputs, detail, twin, sides) -> None:
+def _forward(report, hf_side, ms_side, inputs, detail, twin, sides, runs=None) -> None:
     """The forward through probe's side protocol: both models recorded by the same hooks and
     paired by their block tables (`probe.live`), as `migrate diff` does on any pair."""
     ref, got = sides
     for c in paired_forward(ref, got, inputs, num_layers=ms_side.config.num_layers, detail=detail,
-                            twin=twin is not None):
+                            twin=twin is not None, runs=runs):
         if c.kind == "loss":
             report.add(c.name, c.ref, c.got, kind="loss", exact=c.exact)
         else:
@@ -162,15 +165,30 @@ def _forward(report, hf_side, ms_side, inputs, detail, twin, sides) -> None:
                        block=c.block, exact=None if c.exact is None else _valid(c.exact, inputs))
 
 
-def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin) -> None:
-    _, hf_grads = hf_side.gradients(inputs)
-    _, ms_grads = ms_side.gradients(inputs)
-    ex_grads = {}
-    if twin:
-        hf_side.model.zero_grad(set_to_none=True)  # HF's own gradients are numpy copies by now
-        with float64_in_place(twin.model):
-            ex_grads = plan.in_model_names(twin.gradients(inputs)[1])
-            twin.model.zero_grad(set_to_none=True)
+def _gradient_runs(hf_side, ms_side, inputs, plan: ConversionPlan, twin, into: dict, pynative: bool) -> dict:
+    """What the recorded forward runs with --grads (`probe.live.paired_forward`'s runs): each side's
+    gradient pass, whose forward is the one recorded, so each model (and the float64 twin, widened
+    once) runs forward once instead of twice; the gradients land in `into` ("hf", "ms", "exact").
+    The MindSpore side only in PyNative: under --mode graph its gradient graph is compiled, hooks do
+    not run there, and `_backward` runs it on its own."""
+    def hf(_model):
+        into["hf"] = hf_side.gradients(inputs)[1]
+        hf_side.model.zero_grad(set_to_none=True)  # held as numpy: the twin's widening would convert them too
+
+    def ms(_model):
+        into["ms"] = ms_side.gradients(inputs)[1]
+
+    def exact(_model):  # the model itself, widened to float64 in place (`judge.twin`)
+        into["exact"] = plan.in_model_names(twin.gradients(inputs)[1])
+        twin.model.zero_grad(set_to_none=True)
+
+    return {"ref": hf, **({"got": ms} if pynative else {}), **({"twin": exact} if twin else {})}
+
+
+def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin, passes: dict) -> None:
+    """passes: the gradients `_gradient_runs` computed while the forward was recorded."""
+    hf_grads, ex_grads = passes.pop("hf"), passes.pop("exact", {})
+    ms_grads = passes.pop("ms") if "ms" in passes else ms_side.gradients(inputs)[1]
     ms_order = ms_side.parameter_names()
     ref_grads = plan.in_model_names(hf_grads)
     unpaired_ms = [n for n in ms_order if n not in ref_grads]

@@ -11,7 +11,7 @@ model outputs both sides return, by HF's output names.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,13 +58,19 @@ def table_modules(table: dict, num_layers: int, detail: bool) -> set[str]:
     return names
 
 
-def record_forward(side: Side, inputs, include: set[str] | None = None, model=None) -> MemoryRecording:
-    """One forward of `side` (or of `model` in its place: the float64 twin) under recording hooks."""
+def record_forward(side: Side, inputs, include: set[str] | None = None, model=None,
+                   run: Callable[[Any], Any] | None = None) -> MemoryRecording:
+    """One forward of `side` (or of `model` in its place: the float64 twin) under recording hooks;
+    `run(model)`, when given, runs in place of the plain forward (a gradient pass: its forward is
+    the one recorded)."""
     model = side.model if model is None else model
     recording = MemoryRecording(statistics=False)
-    run = side if model is side.model else Side(side.label, side.kind, side.source, side.framework, model)
     with hooks(model, recording, include=None if include is None else include.__contains__):
-        call_model(run, inputs)
+        if run is not None:
+            run(model)
+        else:
+            call_model(side if model is side.model else Side(side.label, side.kind, side.source, side.framework,
+                                                              model), inputs)
     return recording
 
 
@@ -80,10 +86,14 @@ def _outputs(side: Side, recording: MemoryRecording) -> dict[str, str]:
 
 
 def paired_forward(ref: Side, got: Side, inputs, *, num_layers: int, detail: bool,
-                   twin: bool = False, ref_context=contextlib.nullcontext) -> Iterator[Compared]:
+                   twin: bool = False, ref_context=contextlib.nullcontext,
+                   runs: Mapping[str, Callable[[Any], Any]] | None = None) -> Iterator[Compared]:
     """Record `ref` and `got` on `inputs` (and `ref`'s float64 twin with `twin`), pair them by
     their block tables, and yield every compared tensor in forward order. ref_context: entered
-    around `ref`'s own forward only (a training run's autocast), not around its twin's."""
+    around `ref`'s own forward only (a training run's autocast), not around its twin's. runs: by
+    "ref", "got" or "twin", what runs in place of that plain forward, given the model (`record_forward`):
+    `migrate diff --grads` records the forward of each gradient pass instead of running one more."""
+    runs = runs or {}
     wanted = {}
     for which, side in (("ref", ref), ("got", got)):
         if not side.align:
@@ -95,12 +105,12 @@ def paired_forward(ref: Side, got: Side, inputs, *, num_layers: int, detail: boo
             if missing:
                 raise MigrateError(f"HF model has no module {missing[0]} (keymap align table)")
     with ref_context():
-        ref_rec = record_forward(ref, inputs, wanted["ref"])
-    got_rec = record_forward(got, inputs, wanted["got"])
+        ref_rec = record_forward(ref, inputs, wanted["ref"], run=runs.get("ref"))
+    got_rec = record_forward(got, inputs, wanted["got"], run=runs.get("got"))
     exact_rec = None
     if twin:
         with float64_in_place(ref.model) as model:
-            exact_rec = record_forward(ref, inputs, wanted["ref"], model=model)
+            exact_rec = record_forward(ref, inputs, wanted["ref"], model=model, run=runs.get("twin"))
     points, _ = pair(ref_rec.records, got_rec.records, ref_align=ref.align, got_align=got.align, detail=detail)
     for p in points:
         if p.ref_module == ROOT:
