@@ -50,6 +50,7 @@ per-dtype bounds, `judge.checks` applies them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,7 @@ __all__ = [
     "REL_FLOOR_MIN",
     "WITHIN_TOLERANCES",
     "tensor_metrics",
+    "tensor_metrics_among",
     "logits_metrics",
     "generation_metrics",
     "token_rows",
@@ -248,24 +250,46 @@ def tensor_metrics(ref: Any, got: Any, relative: bool = True) -> dict:
     got = _as_array(got, "got")
     if ref.shape != got.shape:
         return _shape_error(ref, got)
+    return _measure((ref, got), ((0, 1, relative),))[0]
 
-    a_flat = ref.reshape(-1)
-    b_flat = got.reshape(-1)
-    n = int(a_flat.size)
-    ref_mean = _ref_scale(a_flat, b_flat, n) if relative else None
-    floor = max(REL_FLOOR_FRACTION * ref_mean, REL_FLOOR_MIN) if relative else None
-    s = _Sums(floor)
+
+def tensor_metrics_among(arrays: Sequence[Any], pairs: Sequence[tuple[int, int, bool]]) -> list[dict]:
+    """`tensor_metrics(arrays[i], arrays[j], relative)` for each ``(i, j, relative)`` of `pairs`, the
+    same figures in one pass over the arrays: each array's chunk is upcast, and its squares summed,
+    once for every pair it is in. A live diff's entry compares HF with MindSpore and each of them with
+    HF's float64 twin: three pairs among three arrays, each read once instead of twice."""
+    arrays = [_as_array(x, "ref" if k == 0 else "got") for k, x in enumerate(arrays)]
+    if len({a.shape for a in arrays}) > 1:
+        return [tensor_metrics(arrays[i], arrays[j], relative) for i, j, relative in pairs]
+    return _measure(arrays, pairs)
+
+
+def _measure(arrays: Sequence[np.ndarray], pairs: Sequence[tuple[int, int, bool]]) -> list[dict]:
+    """The pairs' figures (`tensor_metrics_among`) of arrays of one shape, one chunk at a time."""
+    flats = [a.reshape(-1) for a in arrays]
+    n = int(flats[0].size)
+    scales = [_ref_scale(flats[i], flats[j], n) if relative else None for i, j, relative in pairs]
+    sums = [_Sums(None if mean is None else max(REL_FLOOR_FRACTION * mean, REL_FLOOR_MIN)) for mean in scales]
     size = min(n, CHUNK_ELEMENTS) if n else 0
-    a64, b64, d, t = (np.empty(size, np.float64) for _ in range(4))
+    scratch = [np.empty(size, np.float64) for _ in flats]
+    d, t = np.empty(size, np.float64), np.empty(size, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         for lo, hi in _chunks(n):
             m = hi - lo
-            a, b = _float64(a_flat[lo:hi], a64[:m]), _float64(b_flat[lo:hi], b64[:m])
-            na2, nb2 = float(np.dot(a, a)), float(np.dot(b, b))
-            if math.isfinite(na2) and math.isfinite(nb2):   # no NaN/Inf in the chunk (nor an overflow)
-                s.finite_chunk(a, b, lo, na2, nb2, d[:m], t[:m])
-            else:
-                s.nonfinite_chunk(a, b, lo)
+            chunks = [_float64(f[lo:hi], buf[:m]) for f, buf in zip(flats, scratch, strict=True)]
+            squares = [float(np.dot(c, c)) for c in chunks]
+            for (i, j, _), acc in zip(pairs, sums, strict=True):
+                if math.isfinite(squares[i]) and math.isfinite(squares[j]):   # no NaN/Inf (nor an overflow)
+                    acc.finite_chunk(chunks[i], chunks[j], lo, squares[i], squares[j], d[:m], t[:m])
+                else:
+                    acc.nonfinite_chunk(chunks[i], chunks[j], lo)
+    return [_figures(arrays[i], arrays[j], acc, mean) for (i, j, _), acc, mean in zip(pairs, sums, scales, strict=True)]
+
+
+def _figures(ref: np.ndarray, got: np.ndarray, s: _Sums, ref_mean: float | None) -> dict:
+    """`tensor_metrics`' dict from one pair's sums (`ref_mean` None: no relative figures)."""
+    n = int(ref.size)
+    relative, floor = ref_mean is not None, s.floor
     n_finite = s.n_finite
     if n and not n_finite:
         cosine = math.nan   # nothing finite to compare: no direction, and no agreement either

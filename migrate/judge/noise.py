@@ -27,7 +27,7 @@ from typing import Any
 from migrate.dtype_names import PRECISIONS
 from migrate.judge.metrics import logits_metrics, tensor_metrics
 
-__all__ = ["TWIN", "noise_figures", "error_figures", "error_ratio", "tie_margin"]
+__all__ = ["TWIN", "noise_figures", "noise_of", "error_figures", "error_of", "error_ratio", "tie_margin"]
 
 TWIN = "float64 twin"   # how reports name the reference's reference
 _FIGURES = ("max_abs", "rms", "cosine", "rel_l2")
@@ -37,7 +37,11 @@ def noise_figures(ref: Any, exact: Any, logits: bool = False) -> dict:
     """The reference side's own error against its float64 twin, as `checks` reads it:
     max_abs, rms, cosine, off (share of elements off by more than 5‰), and for logits kl and
     top1 (the reference's argmax agreement with the twin's)."""
-    m = logits_metrics(exact, ref) if logits else tensor_metrics(exact, ref)
+    return noise_of(logits_metrics(exact, ref) if logits else tensor_metrics(exact, ref), logits)
+
+
+def noise_of(m: Mapping[str, Any], logits: bool = False) -> dict:
+    """`noise_figures` from the metrics of (twin, reference) already measured."""
     if m.get("error"):
         return {"error": m["error"]}
     out = {k: m.get(k) for k in _FIGURES}
@@ -50,7 +54,11 @@ def noise_figures(ref: Any, exact: Any, logits: bool = False) -> dict:
 def error_figures(got: Any, exact: Any) -> dict:
     """The other side's own error against the same twin (live runs only: a dump keeps no twin). None
     of its figures is relative: one pass over the arrays (`tensor_metrics(relative=False)`)."""
-    m = tensor_metrics(exact, got, relative=False)
+    return error_of(tensor_metrics(exact, got, relative=False))
+
+
+def error_of(m: Mapping[str, Any]) -> dict:
+    """`error_figures` from the metrics of (twin, other side) already measured."""
     return {} if m.get("error") else {k: m.get(k) for k in _FIGURES}
 
 

@@ -78,8 +78,8 @@ from migrate.jsonsafe import jsonable as _jsonable
 from migrate.judge import Check, Verdict, fmt_cosine, fmt_num
 from migrate.judge.checks import nonfinite_count, nonfinite_summary, nonfinite_text, tensor_checks
 from migrate.judge.jsonfile import dumps
-from migrate.judge.metrics import generation_metrics, logits_metrics, tensor_metrics, token_rows
-from migrate.judge.noise import TWIN, error_figures, error_ratio, noise_figures, tie_margin
+from migrate.judge.metrics import generation_metrics, logits_metrics, tensor_metrics, tensor_metrics_among, token_rows
+from migrate.judge.noise import TWIN, error_figures, error_of, error_ratio, noise_figures, noise_of, tie_margin
 from migrate.judge.report.entries import DIRECTIONS, STATE_KINDS, Entry, Generation, layer_of
 from migrate.judge.thresholds import KINDS, Thresholds
 
@@ -204,14 +204,19 @@ class Report:
             raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(KINDS)}")
         logits = kind in ("logits", "generation")
         got_error = None
-        if exact is not None:
+        if exact is not None and not logits:
+            # The three pairs among (twin, reference, other side) in one pass over the three arrays.
+            twin_ref, twin_got, metrics = tensor_metrics_among((exact, ref, got), ((0, 1, True), (0, 2, False),
+                                                                                   (1, 2, True)))
+            noise, got_error = noise_of(twin_ref), error_of(twin_got)
+        elif exact is not None:
             noise = noise_figures(ref, exact, logits=logits)
             got_error = error_figures(got, exact)
         if logits:
             margin = tie_margin(noise, self.thresholds.bounds(kind).widens("top1"), self.dtype,
                                 _peak(ref)) if noise else None
             metrics = logits_metrics(ref, got, tie_margin=margin)
-        else:
+        elif exact is None:
             metrics = tensor_metrics(ref, got)
         if noise and not noise.get("error"):
             metrics["noise"] = dict(noise)
