@@ -82,13 +82,13 @@ def compile_cache(folder: Path | None):
     import mindspore as ms
 
     folder = Path(folder)
+    if _path_in_use is not None and _path_in_use != folder:
+        yield "off (this process already caches another model's graphs)"
+        return
     if not (sys.argv and os.path.isfile(sys.argv[0])):
         # MindSpore keys the cache by the entry script's source and opens it at the first compile: under
         # `python -c` (argv[0] "-c") that compile fails with a FileNotFoundError for "./-c"
         yield "off (MindSpore's cache needs the entry script's file, and this process runs none)"
-        return
-    if _path_in_use is not None and _path_in_use != folder:
-        yield "off (this process already caches another model's graphs)"
         return
     had = folder.is_dir() and any(folder.iterdir())
     try:

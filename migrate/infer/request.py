@@ -48,7 +48,7 @@ class Options:
                                          # (`migrate.infer.compile_cache`; the CLI's default)
     fuse: bool = False                   # the KV-cache path in the fused layout where the folder allows
                                          # (`migrate.models.fused_loading`: q/k/v and gate/up as one matmul each;
-                                         # opt-in until a quiet measurement says where it is faster)
+                                         # opt-in: no faster on CPU here, docs/generate.md)
 
 
 @dataclass

@@ -1,10 +1,9 @@
-"""An unfused folder loaded in MindFormers' fused layout, for generation.
+"""An unfused folder loaded in MindFormers' fused layout, for generation (`migrate generate --fused`).
 
-At batch 1 a decode step is a chain of small matmuls, and on CPU each kernel has a fixed cost: q, k,
-v as one matmul (`attention.w_qkv`) and gate, up as one (`feed_forward.w_gate_hidden`) cut a Llama
-layer's matmuls from 7 to 4. On SmolLM2-135M (30 layers, batch 1, 64 tokens) `migrate generate`
-decoded 10.0, 9.7 and 10.3 tokens/s fused against 8.8, 6.8 and 7.6 unfused, run by run alternating
-(docs/generate.md).
+q, k, v as one matmul (`attention.w_qkv`) and gate, up as one (`feed_forward.w_gate_hidden`) cut a
+Llama layer's matmuls from 7 to 4, the layout MindFormers runs for speed. On this CPU it did not pay
+(SmolLM2-135M, quiet: 0.95x at batch 1, 0.84x at batch 8 in one process; docs/generate.md), so it is
+opt-in.
 
 The fusion is the keymap's own `qkv_concat` target, the rows `convert --qkv-concat` writes: each
 tensor of the checkpoint goes back to its HF name through the folder's plan, and the fused plan's
