@@ -244,9 +244,9 @@ def compile_seconds(result: dict) -> float:
     return result["first_step_s"] - statistics.median(result["step_s"])
 
 
-def target_line(name: str, value: float, text: str, bound: float, at_least: bool) -> str:
+def target_line(name: str, value: float, text: str, bound: float, at_least: bool, bound_text: str = "") -> str:
     ok = value >= bound if at_least else value <= bound
-    return f"target {name}: {text} ({'≥' if at_least else '≤'} {bound:g}) {'PASS' if ok else 'FAIL'}"
+    return f"target {name}: {text} ({'≥' if at_least else '≤'} {bound_text or f'{bound:g}'}) {'PASS' if ok else 'FAIL'}"
 
 SIZES, DTYPES = ("demo", "big"), ("fp32", "bf16")
 GiB = 2**30
@@ -334,8 +334,8 @@ def measure_size(size: str, config: Path, dtype: str, steps: int, repeats: int, 
                             RATIO_TARGET, at_least=True)]
     ms_mfu = mfu(runs["ms"], fpt, peak["mindspore"][dtype])
     adamw = optimizer_seconds(prof["ms"]) / optimizer_seconds(prof["golden"])
-    return [target_line("train_mfu_big_fp32", ms_mfu, f"{ms_mfu:.1%} MFU (bound as a fraction)", MFU_TARGET,
-                        at_least=True),
+    return [target_line("train_mfu_big_fp32", ms_mfu, f"{ms_mfu:.1%} MFU", MFU_TARGET,
+                        bound_text=f"{MFU_TARGET:.0%}", at_least=True),
             target_line("adamw_big_fp32", adamw, f"{adamw:.2f}× torch's AdamW time per step (MindSpore's phase "
                         f"includes the clip)", ADAMW_TARGET, at_least=False)]
 
@@ -357,8 +357,8 @@ def measure_real(config: Path, steps: int, repeats: int, peak: dict, work: Path)
     ms_mfu = mfu(runs["ms"], fpt, peak["mindspore"]["fp32"])
     return [target_line("train_ratio_smollm2_fp32", statistics.median(ratio), f"{fmt(ratio, 2)}× golden tok/s",
                         RATIO_TARGET, at_least=True),
-            target_line("train_mfu_smollm2_fp32", ms_mfu, f"{ms_mfu:.1%} MFU (bound as a fraction)", MFU_TARGET,
-                        at_least=True)]
+            target_line("train_mfu_smollm2_fp32", ms_mfu, f"{ms_mfu:.1%} MFU", MFU_TARGET,
+                        bound_text=f"{MFU_TARGET:.0%}", at_least=True)]
 
 
 def main(argv=None) -> int:
