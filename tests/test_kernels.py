@@ -11,6 +11,7 @@ from mindspore import mint, nn
 from migrate.models.kernels import LinearKernel, MatMulKernel
 from migrate.models.mode import execution_mode
 
+
 def _dense(a, b, c):
     return mint.nn.functional.linear(a, b, c)
 
