@@ -29,23 +29,24 @@ class LinearKernel(Kernel):
     """x·Wᵀ + b as one 2-d MatMul with Wᵀ an attribute of the op. Its gradients are MatMuls with
     transpose attributes too, where mint's linear (the Dense op) differentiates through Transpose
     copies of the weight and of the output's gradient: profiled on CPU, 178 such copies took
-    0.88 s of a 115 M Llama's 3.9 s training step (bench/train_speed.py's big size). Same
-    products, same bits (tests/test_kernels.py)."""
+    0.88 s of a 115 M Llama's 3.9 s training step (bench/train_speed.py's big size). The same
+    products: bit for bit in GRAPH_MODE, within float32 rounding in PyNative (tests/test_kernels.py)."""
 
     def __init__(self):
         super().__init__()
         self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x, weight, bias=None):
-        return _linear(self.matmul, x, weight, bias)
+        return linear_rows(self.matmul, x, weight, bias)
 
 
-def _linear(matmul, x, weight, bias=None):
-    """x·Wᵀ (+ b) over x's last axis through `matmul`, an `ops.MatMul(transpose_b=True)`."""
+def linear_rows(matmul, x, weight, bias=None, bias_add=None):
+    """x·Wᵀ (+ b) over x's last axis: x's rows as one 2-d `matmul` (an `ops.MatMul(transpose_b=True)`),
+    the bias added by `bias_add` (a sharded Add under tensor parallel) or `+`."""
     shape = x.shape
     y = matmul(x.reshape(-1, shape[-1]), weight)
     if bias is not None:
-        y = y + bias
+        y = y + bias if bias_add is None else bias_add(y, bias)
     return y.reshape(shape[:-1] + (y.shape[-1],))
 
 
@@ -66,7 +67,7 @@ class MatMulKernel(Kernel):
             # head's table, cost more than the product): bᵀ as an attribute of the op, a 2-d table
             # through `LinearKernel`'s MatMul.
             if b.ndim == 2:
-                return _linear(self.matmul_2d, a, b)
+                return linear_rows(self.matmul_2d, a, b)
             return self.matmul_bt(a, b)
         if b.ndim == 2:
             # x·W (HF's Conv1D layout): mint's, whose bits GPT-2's parity was measured with (a 2-d

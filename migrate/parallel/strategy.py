@@ -55,7 +55,7 @@ from __future__ import annotations
 from mindspore import ops
 
 from migrate.models.common import Embedding, Linear, TiedHead
-from migrate.models.kernels import Kernel
+from migrate.models.kernels import Kernel, linear_rows
 from migrate.models.llama import LlamaAttention
 from migrate.parallel.layout import Layout, check, kv_replicated
 
@@ -88,11 +88,7 @@ class ShardedLinearKernel(ShardedKernel):
             self.bias_add.shard(bias)
 
     def construct(self, x, weight, bias=None):
-        shape = x.shape
-        y = self.matmul(x.reshape(-1, shape[-1]), weight)
-        if bias is not None:
-            y = self.bias_add(y, bias)
-        return y.reshape(shape[:-1] + (y.shape[-1],))
+        return linear_rows(self.matmul, x, weight, bias, self.bias_add)
 
 
 class ShardedScoresKernel(ShardedKernel):
