@@ -14,7 +14,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	$(PY) -m migrate.train.kernels
+	$(PY) -m migrate.native
 	@touch $(STAMP)
 
 # One pytest worker per core (pytest-xdist); a file's tests stay in one worker, so its module

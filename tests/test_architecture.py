@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "migrate"
 # Lowest first. A module takes the layer of the longest prefix listed.
 LAYERS = [
     ("foundation", ["migrate", "migrate.errors", "migrate.safeyaml", "migrate.jsonsafe", "migrate.dtype_names",
-                    "migrate.signals", "migrate.ui", "migrate.resources", "migrate.byte_sizes"]),
+                    "migrate.signals", "migrate.ui", "migrate.resources", "migrate.byte_sizes",
+                    "migrate.native"]),
     ("files", ["migrate.checkpoints", "migrate.transforms", "migrate.hf_config", "migrate.hf_loading",
                "migrate.sidecar", "migrate.data", "migrate.parallel.layout"]),
     # The run protocol: the step record, the checkpoint state keys, the cadence both trainers

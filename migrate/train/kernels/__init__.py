@@ -5,61 +5,27 @@ element-wise kernels and the clip's passes; bit for bit the same numbers), or No
 no C++ compiler, a failed build, or MIGRATE_FUSED_ADAMW=off. The trainer then runs the op-by-op
 graph (migrate/train/optim.py), which computes the same bits more slowly.
 
-The library is built once per source and compiler flags into the user's cache
-($MIGRATE_CACHE_DIR/kernels or ~/.cache/migrate/kernels), under a temporary name renamed into
-place, so concurrent first uses never see half a file; `make install` builds it ahead.
+migrate/native.py builds the library into the user's cache; `make install` builds it ahead.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
+from migrate import native
+
 SOURCE = Path(__file__).with_name("adamw.cc")
-FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
 ENV_SWITCH = "MIGRATE_FUSED_ADAMW"
 SYMBOL = "MigrateAdamW"
 
 
-def kernel_dir() -> Path:
-    if os.environ.get("MIGRATE_CACHE_DIR"):
-        return Path(os.environ["MIGRATE_CACHE_DIR"]) / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "migrate" / "kernels"
-
-
-def compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
 def build() -> Path | None:
     """The compiled library (built now if absent), or None with no compiler or a failed build."""
-    cxx = compiler()
-    if cxx is None:
-        return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((cxx, *FLAGS)).encode()).hexdigest()[:16]
-    target = kernel_dir() / f"adamw-{digest}.so"
-    if target.is_file():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            partial = Path(tmp) / target.name
-            done = subprocess.run([cxx, *FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, timeout=300)
-            if done.returncode != 0 or not partial.is_file():
-                return None
-            os.replace(partial, target)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return target
+    return native.build(SOURCE)
 
 
 def wanted() -> bool:
-    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
+    return not native.switched_off(ENV_SWITCH)
 
 
 @cache
