@@ -127,3 +127,21 @@ def test_numpys_path_where_the_kernel_cannot_read_or_be_had(monkeypatch, tmp_pat
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     assert pair_kernel.library() is None
     assert M.tensor_metrics(a, a + 1)["max_abs"] == 1.0
+
+
+def test_the_figures_do_not_depend_on_where_the_arrays_start():
+    """A dump's tensors are read from files at any offset: vector loads that start at another
+    alignment must not regroup the sums."""
+    rng = np.random.default_rng(7)
+    ref = rng.standard_normal(100_003)
+    got = (ref + 1e-3 * rng.standard_normal(ref.size)).astype(np.float32)
+
+    def placed(x, offset):
+        buffer = np.empty(x.size + 16, x.dtype)
+        view = buffer[offset:offset + x.size]
+        view[:] = x
+        return view
+
+    first = M.tensor_metrics(ref, got)
+    for offset in range(1, 8):
+        assert M.tensor_metrics(placed(ref, offset), placed(got, offset % 3)) == first, offset
