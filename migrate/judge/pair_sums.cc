@@ -30,28 +30,38 @@ inline int classify(double x) {
   return 0;
 }
 
-template <typename A, typename B>
+constexpr int64_t kBlock = 512;   // elements widened into the stack buffers at a time
+
+// The relative figures as a template flag, not a test inside the loop, and the elements widened to
+// float64 into aligned stack buffers before the arithmetic: with a branch in its body, or float32
+// loads, GCC did not vectorise the loop (-fopt-info-vec), 3.4 ns a pair-element.
+template <bool Rel, typename A, typename B>
 void finite_fast(const A* a, const B* b, int64_t m, double floor, double tol0, double tol1, Part& p, bool& finite) {
   double na2 = 0, nb2 = 0, dot = 0, sum_abs = 0, sum_sq = 0, max_abs = 0, ref_max = 0, got_max = 0, max_rel = 0;
-  int64_t w0 = 0, w1 = 0;
-  const bool rel = floor >= 0;
+  double w0 = 0, w1 = 0;   // counts as doubles (exact below 2**53): int64 lanes kept the loop scalar
+  alignas(64) double xs[kBlock], ys[kBlock];
+  for (int64_t lo = 0; lo < m; lo += kBlock) {
+    const int64_t n = m - lo < kBlock ? m - lo : kBlock;
+    for (int64_t i = 0; i < n; ++i) xs[i] = a[lo + i];
+    for (int64_t i = 0; i < n; ++i) ys[i] = b[lo + i];
 #pragma omp simd reduction(+ : na2, nb2, dot, sum_abs, sum_sq, w0, w1) reduction(max : max_abs, ref_max, got_max, max_rel)
-  for (int64_t i = 0; i < m; ++i) {
-    const double x = a[i], y = b[i];
-    const double d = std::fabs(x - y), ax = std::fabs(x), ay = std::fabs(y);
-    na2 += x * x;
-    nb2 += y * y;
-    dot += x * y;
-    sum_abs += d;
-    sum_sq += d * d;
-    max_abs = d > max_abs ? d : max_abs;
-    ref_max = ax > ref_max ? ax : ref_max;
-    got_max = ay > got_max ? ay : got_max;
-    if (rel) {
-      const double r = d / (ax > floor ? ax : floor);
-      max_rel = r > max_rel ? r : max_rel;
-      w0 += r <= tol0;
-      w1 += r <= tol1;
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = xs[i], y = ys[i];
+      const double d = std::fabs(x - y), ax = std::fabs(x), ay = std::fabs(y);
+      na2 += x * x;
+      nb2 += y * y;
+      dot += x * y;
+      sum_abs += d;
+      sum_sq += d * d;
+      max_abs = d > max_abs ? d : max_abs;
+      ref_max = ax > ref_max ? ax : ref_max;
+      got_max = ay > got_max ? ay : got_max;
+      if constexpr (Rel) {
+        const double r = d / (ax > floor ? ax : floor);
+        max_rel = r > max_rel ? r : max_rel;
+        w0 += r <= tol0 ? 1.0 : 0.0;
+        w1 += r <= tol1 ? 1.0 : 0.0;
+      }
     }
   }
   // NaN/Inf anywhere (or a float64 overflow) leaves a sum of squares non-finite: redo the chunk slowly.
@@ -64,7 +74,7 @@ void finite_fast(const A* a, const B* b, int64_t m, double floor, double tol0, d
   p.n_finite = m;
   p.na2 = na2; p.nb2 = nb2; p.dot = dot; p.sum_abs = sum_abs; p.sum_sq = sum_sq;
   p.max_abs = max_abs; p.max_abs_at = at; p.ref_max = ref_max; p.got_max = got_max;
-  p.max_rel = max_rel; p.within0 = w0; p.within1 = w1;
+  p.max_rel = max_rel; p.within0 = static_cast<int64_t>(w0); p.within1 = static_cast<int64_t>(w1);
 }
 
 template <typename A, typename B>
@@ -108,7 +118,8 @@ void measure(const A* a, const B* b, int64_t n, int64_t chunk, double floor, dou
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * chunk, m = (lo + chunk < n ? lo + chunk : n) - lo;
     bool finite = false;
-    finite_fast(a + lo, b + lo, m, floor, tol0, tol1, parts[c], finite);
+    if (floor >= 0) finite_fast<true>(a + lo, b + lo, m, floor, tol0, tol1, parts[c], finite);
+    else finite_fast<false>(a + lo, b + lo, m, floor, tol0, tol1, parts[c], finite);
     if (!finite) with_nonfinite(a + lo, b + lo, m, floor, tol0, tol1, parts[c]);
   }
   Part t;   // merged in chunk order, as _Sums takes them
