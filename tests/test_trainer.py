@@ -117,10 +117,14 @@ def test_fp32_clips_with_torchs_epsilon(fp32_runs, cfg):
 def test_metrics_keys_and_effective_hparams(fp32_runs, run_dir):
     _, m, _, _ = fp32_runs
     assert set(m[0]) == GOLDEN_KEYS | {"tokens_per_s", "mfu"}
-    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in m)
     assert all(b["time"] >= a["time"] for a, b in zip(m, m[1:], strict=False))
     eff = json.loads((run_dir / "ms" / "effective_hparams.json").read_text())
-    assert eff["throughput"]["peak_flops"] > 0 and eff["throughput"]["source"].startswith("measured")
+    throughput = eff["throughput"]
+    assert throughput["peak_flops"] > 0 and throughput["source"].startswith("measured")
+    # Filled from the run's own figures by the recorded formula; how fast is bench/train_speed.py's to say.
+    assert all(r["tokens_per_s"] > 0 for r in m)
+    assert all(r["mfu"] == pytest.approx(throughput["flops_per_token"] * r["tokens_per_s"] / throughput["peak_flops"],
+                                         rel=1e-6) for r in m)
     decayed, kept = eff["optimizer"]["groups"]
     assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
     assert all(n.endswith("norm.weight") or n.endswith("norm_out.weight") for n in kept["names"])
