@@ -123,8 +123,9 @@ def test_metrics_keys_and_effective_hparams(fp32_runs, run_dir):
     assert throughput["peak_flops"] > 0 and throughput["source"].startswith("measured")
     # Filled from the run's own figures by the recorded formula; how fast is bench/train_speed.py's to say.
     assert all(r["tokens_per_s"] > 0 for r in m)
-    assert all(r["mfu"] == pytest.approx(throughput["flops_per_token"] * r["tokens_per_s"] / throughput["peak_flops"],
-                                         rel=1e-6) for r in m)
+    # the record keeps tokens_per_s to 3 decimals and MFU from the unrounded rate: half a unit of the last place
+    per_token = throughput["flops_per_token"] / throughput["peak_flops"]
+    assert all(r["mfu"] == pytest.approx(per_token * r["tokens_per_s"], rel=1e-6, abs=per_token * 5e-4) for r in m)
     decayed, kept = eff["optimizer"]["groups"]
     assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
     assert all(n.endswith("norm.weight") or n.endswith("norm_out.weight") for n in kept["names"])
