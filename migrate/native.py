@@ -19,11 +19,13 @@ PACKAGE = Path(__file__).resolve().parent
 KERNELS = {
     PACKAGE / "train" / "kernels" / "adamw.cc": "the trainer's fused AdamW (else its op-by-op AdamW)",
     PACKAGE / "judge" / "pair_sums.cc": "diff's one-pass tensor figures (else numpy's passes)",
+    PACKAGE / "infer" / "decode_layer.cc": "generate's decode kernels, one per layer (else the op-by-op step)",
 }
 # No -ffast-math: the kernels keep IEEE rounding and NaN/Inf semantics; no FMA contraction, so a
 # kernel rounds each operation the way the op-by-op code it replaces does. No -march=native either:
 # the vector width fixes how a vectorised sum is grouped, so every x86-64 machine sums alike (a dump
-# made on one box is diffed on another).
+# made on one box is diffed on another). A kernel that wants wider vectors says so per function
+# (decode_layer.cc: target_clones of AVX2 and the baseline, each summing in the same groups).
 FLAGS = ("-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
 
 

@@ -85,6 +85,6 @@ def test_generate_gives_the_unfused_tokens_and_says_which_layout_ran(folders, ca
 def test_the_two_layouts_compile_into_different_cache_folders(folders):
     fields = load_model_config(folders / "gqa" / "ms" / "model.yaml").to_dict()
     options = Options(max_new_tokens=8)
-    assert _compile_cache_folder(fields, options, 1, 32, 64, fused=True) != \
-        _compile_cache_folder(fields, options, 1, 32, 64, fused=False)
+    assert _compile_cache_folder(fields, options, 1, 32, 64, "kv_cache_fused") != \
+        _compile_cache_folder(fields, options, 1, 32, 64, "kv_cache")
     assert json.loads((folders / "gqa" / "fused" / "conversion.json").read_text())["keymap"]["target"] == "qkv_concat"

@@ -32,7 +32,8 @@ ENV_SWITCH = "MIGRATE_COMPILE_CACHE"   # "off": no compile cache
 ENV_ROOT = "MIGRATE_CACHE_DIR"         # where the caches live (default: $XDG_CACHE_HOME/migrate or ~/.cache/migrate)
 PREFILL_BUCKET = 32
 CACHE_BUCKET = 64
-_SOURCES = ("models", "infer/runners.py", "infer/generate.py")  # the code the graphs are built from
+# the code the graphs are built from (the decode kernels' source too: a graph names their library)
+_SOURCES = ("models", "infer/runners.py", "infer/generate.py", "infer/kernel_decode.py", "infer/decode_layer.cc")
 
 _path_in_use: Path | None = None      # the one cache path MindSpore honours in this process
 

@@ -112,7 +112,8 @@ def generate_text(source: Source, *, texts=(), ids=(), options: Options,
     from migrate.models.mode import execution_mode
 
     # MindSpore's mode is process-wide: held while the runner loads and runs, the caller's put back after.
-    cache_folder = _compile_cache_folder(fields, options, batch.size, prefill_len, cache_len, fused) \
+    cache_folder = _compile_cache_folder(fields, options, batch.size, prefill_len, cache_len,
+                                         "kv_cache_fused" if fused else _kv_runner_name(config, options)) \
         if cached_compile else None
     with execution_mode("graph" if spec is not None else options.mode), compile_cache(cache_folder) as cache_state:
         if spec is not None:
@@ -150,10 +151,18 @@ def _bucketed_shapes(prompt_len: int, options: Options, cache_len: int) -> tuple
     return prefill, bucketed(prefill + max(options.max_new_tokens, 1), CACHE_BUCKET)
 
 
+def _kv_runner_name(config, options: Options) -> str:
+    """Which graphs a live KV-cache run compiles: with or without the decode kernels (kernel_decode.py)."""
+    from migrate.infer.kernel_decode import why_not_config
+
+    dtype = PRECISIONS[options.dtype].compute if options.dtype else None
+    return "kv_cache_kernels" if why_not_config(config, dtype) is None else "kv_cache"
+
+
 def _compile_cache_folder(fields: dict, options: Options, batch: int, prefill_len: int, cache_len: int,
-                          fused: bool = False) -> Path:
+                          runner: str) -> Path:
     dtype = options.dtype or canonical_dtype(fields.get("compute_dtype", "float32"))
-    runner = "kv_cache_fused" if fused else "kv_cache"  # other parameters, other graphs
+    # runner: other graphs (kv_cache, kv_cache_kernels, kv_cache_fused), another folder
     return cache_root() / fingerprint(fields, dtype=dtype, runner=runner, batch=batch, prefill_len=prefill_len,
                                       cache_len=cache_len)
 
@@ -173,6 +182,8 @@ def _live_runner(folder: Path, batch: Batch, options: Options, cache_len: int, t
     runner = kind(model, batch.size, prefill_len or batch.prompt_len, cache_len)
     mode = "GRAPH_MODE" if options.mode == "graph" else "PyNative"
     layout = ", fused q/k/v and gate/up" if fused else ""
+    if getattr(runner, "kernels", None) is not None:
+        mode += ", decode one kernel per layer"
     return runner, (f"KV cache{layout}, {mode}" if options.cache else f"no cache (full forward each step), {mode}")
 
 

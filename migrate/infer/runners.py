@@ -12,6 +12,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from migrate.errors import MigrateError
+from migrate.infer.kernel_decode import KernelDecodeStep, why_not_kernels
 from migrate.models.kv_cache import CachedStep, cache_shape
 
 
@@ -24,6 +25,14 @@ class CachedRunner:
     def __init__(self, model, batch: int, prefill_len: int, cache_len: int):
         self.step = CachedStep(model, batch, cache_len)
         self.step.set_train(False)
+        # Decode steps through one kernel per layer where the model allows (kernel_decode.py); the
+        # prefill, and every step of any other model, through the op-by-op step.
+        self.no_kernels = why_not_kernels(model)
+        self.kernels = None
+        if self.no_kernels is None:
+            self.kernels = KernelDecodeStep(self.step)
+            self.kernels.set_train(False)
+            self.kernels.phase = "increment"  # as `_run`'s decode calls: the compiled graph without the compile path
         self.batch, self.prefill_len, self.cache_len = batch, prefill_len, cache_len
         self.max_positions = learned_positions(model)
         self.shape = cache_shape(model.config, batch, cache_len)
@@ -50,7 +59,10 @@ class CachedRunner:
 
     def decode(self, tokens, positions, start: int, key_mask) -> np.ndarray:
         """One token per row; the cache stays in the step's `KVCache` between calls (no copies in and out)."""
-        return self._run(tokens, positions, start)
+        if self.kernels is None:
+            return self._run(tokens, positions, start)
+        return self.kernels(ms.Tensor(tokens), ms.Tensor(positions), ms.Tensor(start, ms.int32),
+                          self._key_mask).asnumpy()
 
 
 class _LogitsAt(nn.Cell):
