@@ -7,7 +7,9 @@ over 4 KV heads, vocab 32000, untied, fp32), converts it, and generates --new-to
 after the same prompts (seeded ids, one length: no padding) at each batch size, side by side in
 this process:
 
-  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs)
+  KV cache   `migrate generate`'s path: the static KV cache, GRAPH_MODE (two compiled graphs), its decode
+             step one kernel per layer (migrate/infer/kernel_decode.py); and beside it the same path
+             op by op (MIGRATE_DECODE_KERNELS=off)
   no cache, GRAPH_MODE   the full forward every step over the padded cache length (one graph, as
              MindFormers runs without `use_past`); every step computes the same shape, so it is
              timed over --uncached-steps steps and its time per token holds for the whole run
@@ -340,15 +342,26 @@ def generation_model(ms_dir: Path, fused: bool = False):
     return ((load_fused_model(ms_dir) if fused else None) or load_model(ms_dir))[0]
 
 
-def cached_path(ms_dir: Path, batch, prompt_len: int, steps: int):
-    """`migrate generate`'s path (the static KV cache, GRAPH_MODE); its timed result."""
+def cached_path(ms_dir: Path, batch, prompt_len: int, steps: int, kernels: bool = True):
+    """`migrate generate`'s path (the static KV cache, GRAPH_MODE); its timed result. kernels False: its
+    decode step op by op (MIGRATE_DECODE_KERNELS=off), the path before the decode kernels."""
     import mindspore as ms
 
+    from migrate.infer.kernel_decode import ENV_SWITCH
     from migrate.infer.runners import CachedRunner
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    cached = CachedRunner(generation_model(ms_dir), batch.size, prompt_len, prompt_len + steps)
-    return timed("ours, KV cache (GRAPH_MODE)", decode(cached, batch, steps))
+    before = os.environ.get(ENV_SWITCH)
+    os.environ[ENV_SWITCH] = "on" if kernels else "off"
+    try:
+        cached = CachedRunner(generation_model(ms_dir), batch.size, prompt_len, prompt_len + steps)
+    finally:
+        if before is None:
+            del os.environ[ENV_SWITCH]
+        else:
+            os.environ[ENV_SWITCH] = before
+    how = "decode kernels" if cached.kernels is not None else "op by op"
+    return timed(f"ours, KV cache (GRAPH_MODE), {how}", decode(cached, batch, steps))
 
 
 def synthetic_batch(root: Path, hf_dir: Path, ms_dir: Path, b: int, args) -> tuple[list, dict, list]:
@@ -363,7 +376,7 @@ def synthetic_batch(root: Path, hf_dir: Path, ms_dir: Path, b: int, args) -> tup
     batch = seeded_batch(b, args.prompt_len, CONFIG["vocab_size"])
     cached = cached_path(ms_dir, batch, args.prompt_len, steps)
     model, _ = load_model(ms_dir)  # the folder's own layout, for the paths without a cache
-    results = [cached]
+    results = [cached, cached_path(ms_dir, batch, args.prompt_len, steps, kernels=False)]
     m = min(steps, args.uncached_steps)
     full = UncachedRunner(model, b, args.prompt_len, cache_len)  # GRAPH_MODE: the padded length each step
     results.append(timed(f"ours, no cache (GRAPH_MODE), {m} steps", decode(full, batch, m)))
@@ -376,12 +389,13 @@ def synthetic_batch(root: Path, hf_dir: Path, ms_dir: Path, b: int, args) -> tup
     results.append(timed("MindIR (GraphCell)", decode(MindIRRunner(out), batch, steps)))
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
-    graph, full_gen, _, hf_gen, mindir_gen = (gen for _, gen in results)
+    graph, ops_gen, full_gen, _, hf_gen, mindir_gen = (gen for _, gen in results)
     memory = peak_memory(root, b, args.prompt_len, steps)
     per_token = lambda g: g.total_s / g.tokens.size  # noqa: E731
     rows = result_rows(b, results) + [(b, "ratio", {
         "KV cache ÷ no cache, GRAPH_MODE (time per token)": per_token(full_gen) / per_token(graph),
         "cached decode ÷ HF decode": graph.decode_tokens_per_s / hf_gen.decode_tokens_per_s,
+        "decode kernels ÷ op by op": graph.decode_tokens_per_s / ops_gen.decode_tokens_per_s,
         "MindIR decode ÷ cached decode": mindir_gen.decode_tokens_per_s / graph.decode_tokens_per_s,
     })]
     return rows, memory, decode_targets(b, graph, hf_gen, memory["ours"])
@@ -401,10 +415,13 @@ def real_section(hf: Path, root: Path, args) -> list[str]:
     for b in args.batch:
         batch = seeded_batch(b, args.prompt_len, facts["vocab_size"])
         cached = cached_path(ms_dir, batch, args.prompt_len, steps)
-        results = [cached, timed("HF generate (its cache)", hf_path(hf_dir, batch, steps))]
-        rows += result_rows(b, results)
+        results = [cached, cached_path(ms_dir, batch, args.prompt_len, steps, kernels=False),
+                   timed("HF generate (its cache)", hf_path(hf_dir, batch, steps))]
+        rows += result_rows(b, results) + [(b, "ratio", {
+            "cached decode ÷ HF decode": results[0][1].decode_tokens_per_s / results[2][1].decode_tokens_per_s,
+            "decode kernels ÷ op by op": results[0][1].decode_tokens_per_s / results[1][1].decode_tokens_per_s})]
         memory[b] = peak_memory(real, b, args.prompt_len, steps)
-        targets += decode_targets(b, results[0][1], results[1][1], memory[b]["ours"], "_smollm2")
+        targets += decode_targets(b, results[0][1], results[2][1], memory[b]["ours"], "_smollm2")
     print_rows(rows)
     print_memory(memory)
     # --ignore-eos: both whole processes make all PROCESS_TOKENS tokens (a trained model may choose eos)

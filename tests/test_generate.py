@@ -141,7 +141,8 @@ def test_sampling_is_seeded_and_tends_to_greedy(llama):
     assert (cold.tokens == greedy.tokens).all()
     # Runs of any length and settings reuse the prefill and decode graphs: compiled once each (the
     # decode graph is the decode kernels' step where they run, tests/test_kernel_decode.py).
-    graphs = [*runner.step.compile_cache, *(runner.kernels.compile_cache if runner.kernels is not None else ())]
+    steps = (runner.step, runner.kernel_prefill, runner.kernels)
+    graphs = [key for step in steps if step is not None for key in step.compile_cache]
     assert len(graphs) == 2
     # HF's own processors on HF's logits along our draws give our distributions.
     result = compare_with_hf(None, a, batch, Sampling(**settings, seed=7), [], 0, model=hf)

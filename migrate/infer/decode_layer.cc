@@ -1,5 +1,6 @@
-// One decode step (one new token per row) of a Llama decoder layer, and the LM head's product, as
-// MindSpore ops.Custom kernels (func_type "aot", CPU): migrate/infer/kernel_decode.py.
+// One KV-cache step (s new tokens per row: the prompt, then one per decode step) of a Llama decoder
+// layer, and the LM head's product, as MindSpore ops.Custom kernels (func_type "aot", CPU):
+// migrate/infer/kernel_decode.py.
 //
 // Why: batch-1 decode reads every weight once a token; MindSpore's compiled step spent as long
 // launching its ~45 kernels a layer as computing them (docs/generate.md). Here a layer is one
@@ -12,13 +13,14 @@
 // the x86-64 baseline) group every sum alike, so every machine computes the same bits.
 //
 // MigrateDecodeLayer inputs, float32 unless named:
-//   0 x (b, 1, h)   1 attention_norm (h)   2 wq (heads*d, h)   3 wk (kv*d, h)   4 wv (kv*d, h)
+//   0 x (b, s, h)   1 attention_norm (h)   2 wq (heads*d, h)   3 wk (kv*d, h)   4 wv (kv*d, h)
 //   5 wo (h, heads*d)   6 ffn_norm (h)   7 w1 gate (i, h)   8 w3 up (i, h)   9 w2 down (h, i)
-//   10 cos (b, 1, 1, d)   11 sin (b, 1, 1, d)   12 mask (b, 1, 1, L), additive
-//   13 k_cache (b, kv, L, d)   14 v_cache (b, kv, L, d): this token's k, v written IN PLACE at slot
-//      `start` (the Parameters' own buffers, as the trainer's AdamW kernel writes its moments)
+//   10 cos (b, 1, s, d)   11 sin (b, 1, s, d)   12 mask (b, 1, s, L), additive
+//   13 k_cache (b, kv, L, d)   14 v_cache (b, kv, L, d): the s tokens' k, v written IN PLACE at slots
+//      start .. start + s - 1 (the Parameters' own buffers, as the trainer's AdamW kernel writes its
+//      moments); token t attends slots 0 .. start + t (later ones are masked: exp gives them 0)
 //   15 start (), int32   16 scalars (2): rms_norm_eps, attention scaling (head_dim ** -0.5)
-//   17 output (b, 1, h): the layer's output
+//   17 output (b, s, h): the layer's output
 // MigrateHeadRows inputs: 0 x (b, 1, h)   1 table (vocab, h)   2 output (b, vocab) = x · tableᵀ
 // A return other than 0 is a shape or dtype the kernel does not take (MindSpore raises).
 #include <algorithm>
@@ -123,8 +125,8 @@ extern "C" int MigrateDecodeLayer(int nparam, void **params, int *ndims, int64_t
                                   void *stream, void *extra) {
   if (nparam != 18) return 1;
   if (!AllFloat32(nparam, dtypes, 15) || std::strcmp(dtypes[15], "int32") != 0) return 2;
-  if (ndims[0] != 3 || shapes[0][1] != 1 || ndims[13] != 4 || ndims[2] != 2 || ndims[7] != 2) return 3;
-  const int64_t b = shapes[0][0], h = shapes[0][2];
+  if (ndims[0] != 3 || ndims[13] != 4 || ndims[2] != 2 || ndims[7] != 2) return 3;
+  const int64_t b = shapes[0][0], s = shapes[0][1], h = shapes[0][2], rows = b * s;
   const int64_t kv = shapes[13][1], L = shapes[13][2], d = shapes[13][3];
   const int64_t qo = shapes[2][0], heads = qo / std::max<int64_t>(d, 1), inter = shapes[7][0], kvo = kv * d;
   auto is = [&](int t, std::initializer_list<int64_t> want) {
@@ -135,11 +137,11 @@ extern "C" int MigrateDecodeLayer(int nparam, void **params, int *ndims, int64_t
     }
     return true;
   };
-  if (d <= 0 || d % 2 || d > 1024 || qo % d || heads % kv || b <= 0 || !is(1, {h}) || !is(2, {qo, h}) ||
+  if (d <= 0 || d % 2 || d > 1024 || qo % d || heads % kv || b <= 0 || s <= 0 || !is(1, {h}) || !is(2, {qo, h}) ||
       !is(3, {kvo, h}) || !is(4, {kvo, h}) || !is(5, {h, qo}) || !is(6, {h}) || !is(7, {inter, h}) ||
-      !is(8, {inter, h}) || !is(9, {h, inter}) || !is(10, {b, 1, 1, d}) || !is(11, {b, 1, 1, d}) ||
-      !is(12, {b, 1, 1, L}) || !is(14, {b, kv, L, d}) || Count(ndims[15], shapes[15]) != 1 ||
-      Count(ndims[16], shapes[16]) != 2 || !is(17, {b, 1, h}))
+      !is(8, {inter, h}) || !is(9, {h, inter}) || !is(10, {b, 1, s, d}) || !is(11, {b, 1, s, d}) ||
+      !is(12, {b, 1, s, L}) || !is(14, {b, kv, L, d}) || Count(ndims[15], shapes[15]) != 1 ||
+      Count(ndims[16], shapes[16]) != 2 || !is(17, {b, s, h}))
     return 3;
   const float *x = static_cast<const float *>(params[0]);
   const float *attn_norm = static_cast<const float *>(params[1]);
@@ -160,76 +162,80 @@ extern "C" int MigrateDecodeLayer(int nparam, void **params, int *ndims, int64_t
   const float eps = static_cast<const float *>(params[16])[0];
   const float scaling = static_cast<const float *>(params[16])[1];
   float *out = static_cast<float *>(params[17]);
-  if (start < 0 || start >= L) return 4;
-  const int64_t rep = heads / kv, slots = start + 1;  // slots after `start` are masked: exp gives 0
+  if (start < 0 || start + s > L) return 4;
+  const int64_t rep = heads / kv, most = start + s;  // the slots the last token attends
 
-  std::vector<float> normed(b * h), q(b * qo), k(b * kvo), v(b * kvo), attn(b * qo), mid(b * h);
-  std::vector<float> gate(b * inter), up(b * inter), probs(b * heads * slots);
+  // one row per token: row rr = r * s + t is batch row r's token t
+  std::vector<float> normed(rows * h), q(rows * qo), k(rows * kvo), v(rows * kvo), attn(rows * qo), mid(rows * h);
+  std::vector<float> gate(rows * inter), up(rows * inter), probs(rows * heads * most);
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < b; r++) RmsNorm(x + r * h, attn_norm, h, eps, normed.data() + r * h);
-    SharedProducts(normed.data(), b, h, wq, qo, q.data());
-    SharedProducts(normed.data(), b, h, wk, kvo, k.data());
-    SharedProducts(normed.data(), b, h, wv, kvo, v.data());
+    for (int64_t rr = 0; rr < rows; rr++) RmsNorm(x + rr * h, attn_norm, h, eps, normed.data() + rr * h);
+    SharedProducts(normed.data(), rows, h, wq, qo, q.data());
+    SharedProducts(normed.data(), rows, h, wk, kvo, k.data());
+    SharedProducts(normed.data(), rows, h, wv, kvo, v.data());
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < b; r++) {
-      for (int64_t hd = 0; hd < heads; hd++) Rotate(q.data() + r * qo + hd * d, cos + r * d, sin + r * d, d);
+    for (int64_t rr = 0; rr < rows; rr++) {
+      const int64_t r = rr / s, t = rr % s;
+      for (int64_t hd = 0; hd < heads; hd++) Rotate(q.data() + rr * qo + hd * d, cos + rr * d, sin + rr * d, d);
       for (int64_t g = 0; g < kv; g++) {
-        Rotate(k.data() + r * kvo + g * d, cos + r * d, sin + r * d, d);
-        const int64_t at = ((r * kv + g) * L + start) * d;
-        std::memcpy(k_cache + at, k.data() + r * kvo + g * d, d * sizeof(float));
-        std::memcpy(v_cache + at, v.data() + r * kvo + g * d, d * sizeof(float));
+        Rotate(k.data() + rr * kvo + g * d, cos + rr * d, sin + rr * d, d);
+        const int64_t at = ((r * kv + g) * L + start + t) * d;
+        std::memcpy(k_cache + at, k.data() + rr * kvo + g * d, d * sizeof(float));
+        std::memcpy(v_cache + at, v.data() + rr * kvo + g * d, d * sizeof(float));
       }
     }
     // Eager attention per (row, query head) against its kv head g = head / rep (HF's repeat_kv):
     // scores = q·kᵀ · scaling + mask, softmax in float32, then probs·v.
 #pragma omp for schedule(static)
-    for (int64_t rh = 0; rh < b * heads; rh++) {
-      const int64_t r = rh / heads, hd = rh % heads, g = hd / rep;
-      const float *qh = q.data() + r * qo + hd * d;
+    for (int64_t rh = 0; rh < rows * heads; rh++) {
+      const int64_t rr = rh / heads, r = rr / s, hd = rh % heads, g = hd / rep;
+      const int64_t slots = start + rr % s + 1;  // later slots are masked: exp gives them 0
+      const float *qh = q.data() + rr * qo + hd * d;
       const float *keys = k_cache + (r * kv + g) * L * d;
       const float *values = v_cache + (r * kv + g) * L * d;
-      float *p = probs.data() + rh * slots;
+      const float *row_mask = mask + rr * L;
+      float *p = probs.data() + rh * most;
       float top = -INFINITY;
-      for (int64_t s = 0; s < slots; s++) {
+      for (int64_t slot = 0; slot < slots; slot++) {
         float acc[kLanes] = {};
         for (int64_t j = 0; j < d; j += kLanes) {
-          for (int t = 0; t < kLanes && j + t < d; t++) acc[t] += qh[j + t] * keys[s * d + j + t];
+          for (int t = 0; t < kLanes && j + t < d; t++) acc[t] += qh[j + t] * keys[slot * d + j + t];
         }
         float dot = 0.0f;
         for (int t = 0; t < kLanes; t++) dot += acc[t];
-        p[s] = dot * scaling + mask[r * L + s];
-        top = std::max(top, p[s]);
+        p[slot] = dot * scaling + row_mask[slot];
+        top = std::max(top, p[slot]);
       }
       float total = 0.0f;
-      for (int64_t s = 0; s < slots; s++) {
-        p[s] = std::exp(p[s] - top);
-        total += p[s];
+      for (int64_t slot = 0; slot < slots; slot++) {
+        p[slot] = std::exp(p[slot] - top);
+        total += p[slot];
       }
-      float *o = attn.data() + r * qo + hd * d;
+      float *o = attn.data() + rr * qo + hd * d;
       for (int64_t j = 0; j < d; j++) o[j] = 0.0f;
-      for (int64_t s = 0; s < slots; s++) {
-        const float w = p[s] / total;
-        for (int64_t j = 0; j < d; j++) o[j] += w * values[s * d + j];
+      for (int64_t slot = 0; slot < slots; slot++) {
+        const float w = p[slot] / total;
+        for (int64_t j = 0; j < d; j++) o[j] += w * values[slot * d + j];
       }
     }
-    SharedProducts(attn.data(), b, qo, wo, h, mid.data());
+    SharedProducts(attn.data(), rows, qo, wo, h, mid.data());
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < b; r++) {
-      for (int64_t i = 0; i < h; i++) mid[r * h + i] += x[r * h + i];  // the attention's residual
-      RmsNorm(mid.data() + r * h, ffn_norm, h, eps, normed.data() + r * h);
+    for (int64_t rr = 0; rr < rows; rr++) {
+      for (int64_t i = 0; i < h; i++) mid[rr * h + i] += x[rr * h + i];  // the attention's residual
+      RmsNorm(mid.data() + rr * h, ffn_norm, h, eps, normed.data() + rr * h);
     }
-    SharedProducts(normed.data(), b, h, w1, inter, gate.data());
-    SharedProducts(normed.data(), b, h, w3, inter, up.data());
+    SharedProducts(normed.data(), rows, h, w1, inter, gate.data());
+    SharedProducts(normed.data(), rows, h, w3, inter, up.data());
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < b * inter; i++) {
+    for (int64_t i = 0; i < rows * inter; i++) {
       const float g = gate[i];
       gate[i] = (g / (1.0f + std::exp(-g))) * up[i];  // SiLU(gate) * up
     }
-    SharedProducts(gate.data(), b, inter, w2, h, out);
+    SharedProducts(gate.data(), rows, inter, w2, h, out);
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < b * h; i++) out[i] += mid[i];  // the MLP's residual
+    for (int64_t i = 0; i < rows * h; i++) out[i] += mid[i];  // the MLP's residual
   }
   return 0;
 }

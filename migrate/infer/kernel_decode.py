@@ -1,14 +1,19 @@
-"""The KV-cache decode step of a plain float32 Llama as one CPU kernel per layer (decode_layer.cc).
+"""The KV-cache steps of a plain float32 Llama as one CPU kernel per layer (decode_layer.cc).
 
-    reason = why_not_kernels(model)         # None: the kernels can run this model's decode step
-    step = KernelDecodeStep(cached_step)    # shares the CachedStep's model and cache Parameters
-    logits = step(input_ids, positions, start, key_mask)   # (b, vocab) fp32, one token per row
+    reason = why_not_kernels(model)         # None: the kernels can run this model's steps
+    step = KernelStep(cached_step)          # shares the CachedStep's model and cache Parameters
+    logits = step(input_ids, positions, start, key_mask)   # (b, vocab) fp32: the last new token's
+
+`input_ids` (b, s): the prompt (start 0, every slot of the prefill written) or one token per row
+(a decode step at slot `start`); the other inputs as `CachedStep`'s.
 
 Why: a batch-1 decode step reads every weight once; MindSpore's compiled step of SmolLM2-135M's
 shapes launched ~1,370 kernels a token, about 15 µs each, beside ~35 ms of kernel time
-(docs/generate.md). Here the embedding, rotary tables, mask and final norm stay MindSpore ops and
-each decoder layer and the LM head are one `ops.Custom` kernel each, reading the weight Parameters
-where they are and writing the new k, v into the cache Parameters in place.
+(docs/generate.md). And MindSpore's CPU graphs keep every intermediate: the op-by-op prefill graph
+of that model held 2 GB at batch 8 × 32 tokens, the kernels' a layer's worth. Here the embedding,
+rotary tables, mask and final norm stay MindSpore ops and each decoder layer and the LM head are
+one `ops.Custom` kernel each, reading the weight Parameters where they are and writing the new k, v
+into the cache Parameters in place.
 
 What it takes (`why_not_kernels` says which part a model misses; `why_not_config` the part a
 model.yaml decides, for callers that name things before the model loads): MindSpore on CPU in
@@ -53,7 +58,7 @@ SILU = ("silu", "swish")
 
 
 def why_not_kernels(model) -> str | None:
-    """None where `KernelDecodeStep` computes this model's decode step, else the reason it does not."""
+    """None where `KernelStep` computes this model's decode step, else the reason it does not."""
     config = getattr(model, "config", None)
     if type(model) is not LlamaForCausalLM or config is None:
         return "not a bundled Llama"
@@ -99,9 +104,10 @@ def library() -> str | None:
     return None if built is None else str(built)
 
 
-class KernelDecodeStep(nn.Cell):
-    """`CachedStep`'s decode call (no caches passed: the state the prefill left in the cache
-    Parameters) with each layer and the head one kernel; `why_not_kernels(step.model)` must be None."""
+class KernelStep(nn.Cell):
+    """A `CachedStep` call on the state in its cache Parameters (no caches passed in or out) with each
+    layer and the head one kernel; `why_not_kernels(step.model)` must be None. One instance per
+    shape: a decode instance runs in MindSpore's "increment" phase (`CachedRunner`)."""
 
     def __init__(self, cached_step):
         super().__init__(auto_prefix=False)  # the model's parameter names stay as they are
@@ -121,13 +127,13 @@ class KernelDecodeStep(nn.Cell):
         table = self.model.word_embedding().table()
         h = decoder.tok_embeddings(input_ids, table)
         cos, sin = decoder.rotary_emb.at(positions)
-        b = input_ids.shape[0]
-        mask = cache_mask(b, start, 1, key_mask, decoder.mask.fill_value, F32)
+        b, s = input_ids.shape
+        mask = cache_mask(b, start, s, key_mask, decoder.mask.fill_value, F32)
         for i, layer in enumerate(decoder.layers):
             attention, mlp = layer.attention, layer.feed_forward
             h = self.layer_op(h, layer.attention_norm.weight, attention.wq.weight, attention.wk.weight,
                               attention.wv.weight, attention.wo.weight, layer.ffn_norm.weight, mlp.w1.weight,
                               mlp.w3.weight, mlp.w2.weight, cos, sin, mask, self.cache.keys[i],
                               self.cache.values[i], start, self.scalars)
-        h = decoder.norm_out(h)
+        h = decoder.norm_out(h[:, -1:])
         return self.head_op(h, table if self.tied else self.model.lm_head.weight)

@@ -12,7 +12,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from migrate.errors import MigrateError
-from migrate.infer.kernel_decode import KernelDecodeStep, why_not_kernels
+from migrate.infer.kernel_decode import KernelStep, why_not_kernels
 from migrate.models.kv_cache import CachedStep, cache_shape
 
 
@@ -25,12 +25,13 @@ class CachedRunner:
     def __init__(self, model, batch: int, prefill_len: int, cache_len: int):
         self.step = CachedStep(model, batch, cache_len)
         self.step.set_train(False)
-        # Decode steps through one kernel per layer where the model allows (kernel_decode.py); the
-        # prefill, and every step of any other model, through the op-by-op step.
+        # Prefill and decode through one kernel per layer where the model allows (kernel_decode.py):
+        # two instances, two graphs; every other model steps op by op (`no_kernels` says why).
         self.no_kernels = why_not_kernels(model)
-        self.kernels = None
+        self.kernels = self.kernel_prefill = None
         if self.no_kernels is None:
-            self.kernels = KernelDecodeStep(self.step)
+            self.kernel_prefill, self.kernels = KernelStep(self.step), KernelStep(self.step)
+            self.kernel_prefill.set_train(False)
             self.kernels.set_train(False)
             self.kernels.phase = "increment"  # as `_run`'s decode calls: the compiled graph without the compile path
         self.batch, self.prefill_len, self.cache_len = batch, prefill_len, cache_len
@@ -54,6 +55,10 @@ class CachedRunner:
     def prefill(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """The prompt into a zeroed cache (the step's flat boundary, as MindIR runs it)."""
         self._key_mask = ms.Tensor(inputs["key_mask"])
+        if self.kernel_prefill is not None:
+            # every slot the prompt covers is written; later ones are written before they are read
+            return self.kernel_prefill(ms.Tensor(inputs["input_ids"]), ms.Tensor(inputs["positions"]),
+                                       ms.Tensor(0, ms.int32), self._key_mask).asnumpy()
         zeros = ops.zeros(self.shape, self.dtype)
         return self._run(inputs["input_ids"], inputs["positions"], 0, (zeros,) * self.tensors)
 
@@ -62,7 +67,7 @@ class CachedRunner:
         if self.kernels is None:
             return self._run(tokens, positions, start)
         return self.kernels(ms.Tensor(tokens), ms.Tensor(positions), ms.Tensor(start, ms.int32),
-                          self._key_mask).asnumpy()
+                            self._key_mask).asnumpy()
 
 
 class _LogitsAt(nn.Cell):
