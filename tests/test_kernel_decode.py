@@ -17,7 +17,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 
+from hf_fixtures import build_hf_model, save_hf_model
 from migrate import native
+from migrate.cli import main
+from migrate.convert import convert
 from migrate.infer.batch import make_batch
 from migrate.infer.generate import generate
 from migrate.infer.kernel_decode import ENV_SWITCH, SOURCE, library, why_not_config, why_not_kernels
@@ -229,3 +232,20 @@ def test_the_vector_clones_compute_the_same_bits(tmp_path):
     exact = x[:, 0].astype(np.float64) @ table.T.astype(np.float64)
     assert np.abs(clones - exact).max() <= 1e-5 * np.abs(exact).max()
     assert not np.array_equal(head_rows(library(), x, table[::-1].copy()), clones)  # the call sees its inputs
+
+
+def test_migrate_generate_says_when_the_kernels_ran_and_gives_the_same_tokens(tmp_path, monkeypatch, capsys):
+    save_hf_model(build_hf_model("tied", seed=3, initializer_range=0.1), tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ms")
+    lines = {}
+    for switch in ("on", "off"):
+        monkeypatch.setenv(ENV_SWITCH, switch)
+        capsys.readouterr()
+        assert main(["generate", str(tmp_path / "ms"), "--ids", "5,9,17,33,3,8", "--max-new-tokens", "16",
+                     "--ignore-eos", "--no-stream", "--no-compile-cache"]) == 0
+        lines[switch] = " ".join(capsys.readouterr().out.split())
+    ms.set_context(mode=ms.GRAPH_MODE)  # main puts the caller's mode back; the fixture expects GRAPH_MODE
+    assert "KV cache, GRAPH_MODE, one kernel per layer" in lines["on"]
+    assert "one kernel per layer" not in lines["off"] and "KV cache, GRAPH_MODE" in lines["off"]
+    text = {switch: line.split(" 1 × 16 tokens")[0] for switch, line in lines.items()}
+    assert text["on"] == text["off"]

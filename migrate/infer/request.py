@@ -183,7 +183,7 @@ def _live_runner(folder: Path, batch: Batch, options: Options, cache_len: int, t
     mode = "GRAPH_MODE" if options.mode == "graph" else "PyNative"
     layout = ", fused q/k/v and gate/up" if fused else ""
     if getattr(runner, "kernels", None) is not None:
-        mode += ", decode one kernel per layer"
+        mode += ", one kernel per layer"
     return runner, (f"KV cache{layout}, {mode}" if options.cache else f"no cache (full forward each step), {mode}")
 
 
