@@ -167,9 +167,10 @@ extern "C" int MigrateDecodeLayer(int nparam, void **params, int *ndims, int64_t
 
   // one row per token: row rr = r * s + t is batch row r's token t
   std::vector<float> normed(rows * h), q(rows * qo), k(rows * kvo), v(rows * kvo), attn(rows * qo), mid(rows * h);
-  std::vector<float> gate(rows * inter), up(rows * inter), probs(rows * heads * most);
+  std::vector<float> gate(rows * inter), up(rows * inter);
 #pragma omp parallel
   {
+    std::vector<float> probs(most);  // one attention row at a time per thread (a long prompt: rows x slots)
 #pragma omp for schedule(static)
     for (int64_t rr = 0; rr < rows; rr++) RmsNorm(x + rr * h, attn_norm, h, eps, normed.data() + rr * h);
     SharedProducts(normed.data(), rows, h, wq, qo, q.data());
@@ -196,7 +197,7 @@ extern "C" int MigrateDecodeLayer(int nparam, void **params, int *ndims, int64_t
       const float *keys = k_cache + (r * kv + g) * L * d;
       const float *values = v_cache + (r * kv + g) * L * d;
       const float *row_mask = mask + rr * L;
-      float *p = probs.data() + rh * most;
+      float *p = probs.data();
       float top = -INFINITY;
       for (int64_t slot = 0; slot < slots; slot++) {
         float acc[kLanes] = {};
