@@ -63,6 +63,7 @@ def decode_both(model, monkeypatch):
     return runs, batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_kernel_decode_computes_the_op_by_op_steps_numbers(tied, monkeypatch):
     (ops_run, kernel_run), _ = decode_both(model_of(tie_word_embeddings=tied), monkeypatch)
@@ -73,6 +74,7 @@ def test_kernel_decode_computes_the_op_by_op_steps_numbers(tied, monkeypatch):
     assert worst <= 2e-6
 
 
+@pytest.mark.slow
 def test_the_cache_the_kernels_write_is_the_op_by_op_cache(monkeypatch):
     model = model_of()
     batch = make_batch(PROMPTS, 0, SIZES["vocab_size"])
@@ -111,6 +113,7 @@ def test_a_step_at_the_wrong_slot_is_told_apart(monkeypatch):
     assert np.abs(right - wrong).max() / np.abs(right).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_the_thread_count_changes_no_bit():
     script = (
         "import sys; import mindspore as ms; ms.set_context(mode=ms.GRAPH_MODE); sys.path.insert(0, 'tests')\n"
@@ -126,7 +129,7 @@ def test_the_thread_count_changes_no_bit():
         "out = generate(r, batch, STEPS, Sampling(), pad_id=0, record_logits=True)\n"
         "print(hashlib.sha256(np.stack(out.logits[1:]).tobytes()).hexdigest())\n")
     digests = []
-    for threads in ("1", "2", "3"):
+    for threads in ("1", "3"):  # one thread, and more threads than this machine has cores
         env = {**os.environ, "OMP_NUM_THREADS": threads}
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -234,6 +237,7 @@ def test_the_vector_clones_compute_the_same_bits(tmp_path):
     assert not np.array_equal(head_rows(library(), x, table[::-1].copy()), clones)  # the call sees its inputs
 
 
+@pytest.mark.slow
 def test_migrate_generate_says_when_the_kernels_ran_and_gives_the_same_tokens(tmp_path, monkeypatch, capsys):
     save_hf_model(build_hf_model("tied", seed=3, initializer_range=0.1), tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "ms")
