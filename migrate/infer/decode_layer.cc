@@ -137,30 +137,20 @@ extern "C" int MigrateDecodeLayer(int nparam, void **params, int *ndims, int64_t
     }
     return true;
   };
-  if (d <= 0 || d % 2 || d > 1024 || qo % d || heads % kv || b <= 0 || s <= 0 || !is(1, {h}) || !is(2, {qo, h}) ||
-      !is(3, {kvo, h}) || !is(4, {kvo, h}) || !is(5, {h, qo}) || !is(6, {h}) || !is(7, {inter, h}) ||
+  if (d <= 0 || d % 2 || d > 1024 || qo % d || kv <= 0 || heads <= 0 || heads % kv || b <= 0 || s <= 0 ||
+      !is(1, {h}) || !is(2, {qo, h}) || !is(3, {kvo, h}) || !is(4, {kvo, h}) || !is(5, {h, qo}) || !is(6, {h}) || !is(7, {inter, h}) ||
       !is(8, {inter, h}) || !is(9, {h, inter}) || !is(10, {b, 1, s, d}) || !is(11, {b, 1, s, d}) ||
       !is(12, {b, 1, s, L}) || !is(14, {b, kv, L, d}) || Count(ndims[15], shapes[15]) != 1 ||
       Count(ndims[16], shapes[16]) != 2 || !is(17, {b, s, h}))
     return 3;
-  const float *x = static_cast<const float *>(params[0]);
-  const float *attn_norm = static_cast<const float *>(params[1]);
-  const float *wq = static_cast<const float *>(params[2]);
-  const float *wk = static_cast<const float *>(params[3]);
-  const float *wv = static_cast<const float *>(params[4]);
-  const float *wo = static_cast<const float *>(params[5]);
-  const float *ffn_norm = static_cast<const float *>(params[6]);
-  const float *w1 = static_cast<const float *>(params[7]);
-  const float *w3 = static_cast<const float *>(params[8]);
-  const float *w2 = static_cast<const float *>(params[9]);
-  const float *cos = static_cast<const float *>(params[10]);
-  const float *sin = static_cast<const float *>(params[11]);
-  const float *mask = static_cast<const float *>(params[12]);
+  auto in = [&](int i) { return static_cast<const float *>(params[i]); };
+  const float *x = in(0), *attn_norm = in(1), *wq = in(2), *wk = in(3), *wv = in(4), *wo = in(5);
+  const float *ffn_norm = in(6), *w1 = in(7), *w3 = in(8), *w2 = in(9), *cos = in(10), *sin = in(11);
+  const float *mask = in(12);
   float *k_cache = static_cast<float *>(params[13]);
   float *v_cache = static_cast<float *>(params[14]);
   const int64_t start = static_cast<const int32_t *>(params[15])[0];
-  const float eps = static_cast<const float *>(params[16])[0];
-  const float scaling = static_cast<const float *>(params[16])[1];
+  const float eps = in(16)[0], scaling = in(16)[1];
   float *out = static_cast<float *>(params[17]);
   if (start < 0 || start + s > L) return 4;
   const int64_t rep = heads / kv, most = start + s;  // the slots the last token attends

@@ -53,7 +53,8 @@ class CachedRunner:
         return logits.asnumpy()
 
     def prefill(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """The prompt into a zeroed cache (the step's flat boundary, as MindIR runs it)."""
+        """The prompt into the cache: through the kernels (the slots it covers written), else into a
+        zeroed cache through the step's flat boundary, as MindIR runs it."""
         self._key_mask = ms.Tensor(inputs["key_mask"])
         if self.kernel_prefill is not None:
             # every slot the prompt covers is written; later ones are written before they are read
