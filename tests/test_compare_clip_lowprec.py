@@ -61,7 +61,8 @@ def roots(tmp_path_factory):
     return {"tiny": (tiny, 16), "demo": (demo, 64)}
 
 
-CASES = [("demo", "bf16", 0), ("demo", "bf16", 1), ("demo", "fp16", 0),
+# Seeds vary on the tiny model (6 s a run); the demo shape's runs, 16-18 s each, one per dtype.
+CASES = [("demo", "bf16", 0), ("demo", "fp16", 0),
          ("tiny", "bf16", 2), ("tiny", "bf16", 3), ("tiny", "fp16", 2)]
 
 
