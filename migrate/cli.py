@@ -249,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # The environment is read here, in the entry point; below it, what it said is passed as arguments.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub: local folders only
+    # MindSpore's log (its C++ runtime's and its Python side's, both read GLOG_v at import) at errors only:
+    # its warnings -- a compile cache's hash checks, API notices -- landed between `migrate generate`'s
+    # streamed tokens. A GLOG_v in the user's environment wins (2: warnings).
+    os.environ.setdefault("GLOG_v", "3")
     use_keymap_dir(os.environ.get("MIGRATE_KEYMAPS"))  # another keymap folder instead of the bundled one
     try:
         args = build_parser().parse_args(argv)  # a bad argument: MigrateError (cli_args.Parser)

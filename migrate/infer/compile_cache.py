@@ -2,7 +2,8 @@
 
 A GRAPH_MODE generate compiles two graphs (prefill and decode step) before its first token: most of
 a cold run on CPU (a 30-layer model: tens of seconds). MindSpore can keep compiled graphs on disk
-(`set_context(enable_compile_cache=True, compile_cache_path=...)`), but it keys them by the network's
+(MS_COMPILER_CACHE_ENABLE and MS_COMPILER_CACHE_PATH, which MindSpore 2.10 reads at each compile and
+names as the replacement of `set_context(enable_compile_cache=...)`, deprecated), but it keys them by the network's
 source, not its shapes or config: a cache written by one model serves another of the same class
 wrongly (docs/DESIGN.md: different losses, a crash). So each cache folder holds the graphs of one
 thing only, named by a fingerprint of everything the graphs depend on: the model config
@@ -36,6 +37,7 @@ CACHE_BUCKET = 64
 _SOURCES = ("models", "infer/runners.py", "infer/generate.py", "infer/kernel_decode.py", "infer/decode_layer.cc")
 
 _path_in_use: Path | None = None      # the one cache path MindSpore honours in this process
+_CACHE_ENV = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
 
 
 def wanted() -> bool:
@@ -80,8 +82,6 @@ def compile_cache(folder: Path | None):
     if folder is None:
         yield "off"
         return
-    import mindspore as ms
-
     folder = Path(folder)
     if _path_in_use is not None and _path_in_use != folder:
         yield "off (this process already caches another model's graphs)"
@@ -97,9 +97,14 @@ def compile_cache(folder: Path | None):
     except OSError as exc:
         yield f"off (cannot write {folder}: {exc.strerror})"
         return
-    ms.set_context(enable_compile_cache=True, compile_cache_path=str(folder))
+    before = {name: os.environ.get(name) for name in _CACHE_ENV}
+    os.environ.update({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(folder)})
     _path_in_use = folder
     try:
         yield "hit" if had else "stored"
     finally:
-        ms.set_context(enable_compile_cache=False)  # graphs compiled after this block are not cached
+        for name, value in before.items():  # graphs compiled after this block are not cached
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
