@@ -15,6 +15,7 @@ threads each MindSpore process uses, the ranks compete for the same cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -25,7 +26,15 @@ os.environ.setdefault("GLOG_v", "3")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_speed import tokens_per_second  # noqa: E402  (the same measure as the speed bench)
+from migrate.run_protocol.record import TIME, TOKENS  # noqa: E402
+
+
+def tokens_per_second(run_dir: Path) -> float:
+    """Tokens/s from the end of the first step (its compile left out) to the last, from the run's own
+    metrics.jsonl (`tokens`: every rank's tokens so far, `time`: seconds since the run started)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    first, last = rows[0], rows[-1]
+    return (last[TOKENS] - first[TOKENS]) / (last[TIME] - first[TIME])
 
 
 def main(argv=None) -> int:

@@ -1,10 +1,12 @@
 """`migrate vocab check --data` throughput next to the least any check must do: one pass of
 `numpy.bincount` over the same memory-mapped train.npy. Synthetic Zipf-distributed token rows
-(no tokenizer); prints both times and their ratio, measured side by side in one run."""
+(no tokenizer); prints both times and their ratio, measured side by side in one run.
+
+    python bench/vocab_data_check.py [--tokens 40000000]"""
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,8 +18,10 @@ from migrate.vocab.data_checks import check_data
 VOCAB, SEQ = 32000, 2048
 
 
-def main(tokens: int = 40_000_000) -> None:
-    rows = tokens // (SEQ + 1)
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=40_000_000)
+    rows = parser.parse_args(argv).tokens // (SEQ + 1)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -44,4 +48,4 @@ def main(tokens: int = 40_000_000) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40_000_000)
+    main()

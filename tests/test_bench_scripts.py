@@ -1,0 +1,39 @@
+"""Every bench script loads and parses its arguments: `make bench` stopped at bench/train_dp.py, which
+imported a helper bench/train_speed.py no longer had (nothing ran the script between benches)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py"))
+
+
+@pytest.fixture(autouse=True)
+def bench_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import their siblings by bare name
+
+
+def load(script: Path):
+    name = f"_bench_{script.stem}"
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_the_script_loads_and_its_help_parses(script, capsys):
+    module = load(script)
+    if not hasattr(module, "main"):  # a helper module (harness, page_cache, ms_floor's pieces)
+        return
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("usage:")
