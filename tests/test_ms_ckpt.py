@@ -11,6 +11,7 @@ import pytest
 from migrate.checkpoints import ms_ckpt
 from migrate.checkpoints.dtypes import bfloat16, canonical
 from migrate.checkpoints.ms_ckpt import CkptWriter, iter_ckpt, read_ckpt_specs
+from migrate.checkpoints.ms_reader import open_ms_checkpoint
 from migrate.errors import MigrateError
 
 
@@ -396,3 +397,27 @@ def test_bad_index_is_refused(tmp_path):
     refused({**good, "weight_map": {**good["weight_map"], "ghost": other}}, "absent from their shards")
     refused("{not json", "corrupt index")
     refused({"weight_map": []}, "corrupt index")
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_entries_give_the_bytes_where_they_lie_and_every_tensor_as_read(tmp_path, monkeypatch, crc):
+    """`MSCheckpoint.entries` (what `migrate export` copies file to file): a one-piece tensor's
+    (fd, offset) holds exactly its bytes, a multi-piece tensor has none, and a file with a CRC gives
+    none at all (only a read of every record checks it); every tensor reads back as iter_ckpt's."""
+    monkeypatch.setattr(ms_ckpt, "PIECE_BYTES", 4096)
+    rng = np.random.default_rng(2)
+    tensors = {"split": rng.standard_normal((100, 37)).astype(np.float32),   # 4 pieces
+               "whole": rng.standard_normal((30, 7)).astype(np.float32).astype(bfloat16),
+               "tiny": np.arange(5, dtype=np.int64)}
+    write_ours(tmp_path / "model.ckpt", tensors, crc=crc)
+    seen = {}
+    for name, raw, read in open_ms_checkpoint(tmp_path).entries():
+        array = read()
+        seen[name] = array
+        if crc or name == "split":
+            assert raw is None, name
+        else:
+            fd, offset = raw
+            assert os.pread(fd, array.nbytes, offset) == array.tobytes(), name
+    assert list(seen) == list(tensors)
+    assert_same(seen, tensors)

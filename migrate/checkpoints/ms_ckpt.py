@@ -377,6 +377,26 @@ def iter_ckpt(path) -> Iterator[tuple[str, np.ndarray]]:
         records.close()
 
 
+def read_ckpt_ranges(path) -> dict[str, list[tuple[int, int]]] | None:
+    """Per tensor, the (offset, length) of each of its data pieces in the file, reading record
+    headers only; None where the bytes cannot be taken as they lie: the file carries a CRC (only a
+    read of every record checks it) or a record that is no numeric tensor (append_dict's strings)."""
+    records = _Records(path, check_crc=False)
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    try:
+        if records.expected_crc is not None:
+            return None
+        while (head := records.header()) is not None:
+            tag, ms_type, _, length = head
+            if MS_TYPE_TO_NUMPY.get(ms_type) is None:
+                return None
+            ranges.setdefault(tag, []).append((records.pos, length))
+            records.skip(length)
+    finally:
+        records.close()
+    return ranges
+
+
 def read_ckpt_specs(path) -> list[tuple[str, str, tuple[int, ...]]]:
     """(name, MindSpore tensor_type, shape) per tensor, reading record headers only.
 

@@ -8,8 +8,10 @@ index format.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ import numpy as np
 from migrate.checkpoints.dtypes import MS_TYPE_TO_NUMPY
 from migrate.checkpoints.input_folder import InputFolder
 from migrate.checkpoints.integrity import verify_checkpoint
-from migrate.checkpoints.ms_ckpt import iter_ckpt, read_ckpt_specs
+from migrate.checkpoints.ms_ckpt import iter_ckpt, read_ckpt_ranges, read_ckpt_specs
 from migrate.checkpoints.safetensors_file import SafetensorsFile
 from migrate.checkpoints.sharding import index_name, read_index, single_name
 from migrate.errors import MigrateError
@@ -38,18 +40,64 @@ class MSCheckpoint:
     def sharded(self) -> bool:
         return len(self.files) > 1 or self.path.suffix == ".json"
 
+    def entries(self) -> Iterator[tuple[str, tuple[int, int] | None, Callable[[], np.ndarray]]]:
+        """Every tensor, in `specs` order: its name; (fd, offset) of its bytes where they lie in a file
+        as one plain range that needs no check (a kernel copy can take them), else None; and a function
+        that reads it as an array (valid until the next entry)."""
+        for file in self.files:
+            if self.format == "safetensors":
+                with SafetensorsFile(file) as handle:
+                    for name in handle.entries:
+                        yield name, handle.source(name), partial(handle.read, name)
+                continue
+            ranges = read_ckpt_ranges(file)
+            if ranges is None:  # a CRC to check, or strings: every record read in order
+                for name, array in self._ckpt_arrays(file):
+                    yield name, None, partial(_same, array)
+                continue
+            with open(file, "rb") as handle:
+                for name, pieces in ranges.items():
+                    self._placed(name, file)
+                    raw = (handle.fileno(), pieces[0][0]) if len(pieces) == 1 else None
+                    yield name, raw, partial(_read_pieces, handle.fileno(), pieces, *self.specs[name])
+
+    def _placed(self, name: str, file: Path) -> None:
+        if self.locations.get(name) != file:
+            raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
+
+    def _ckpt_arrays(self, file: Path) -> Iterator[tuple[str, np.ndarray]]:
+        for name, array in iter_ckpt(file):
+            self._placed(name, file)
+            yield name, array
+
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor, in `specs` order, one at a time in memory."""
         for file in self.files:
             if self.format == "ckpt":
-                for name, array in iter_ckpt(file):
-                    if self.locations.get(name) != file:
-                        raise MigrateError(f"{file.name} holds {name}, which the index does not place there")
-                    yield name, array
+                yield from self._ckpt_arrays(file)
             else:
                 with SafetensorsFile(file) as handle:
                     for name in handle.entries:
                         yield name, handle.read(name)
+
+
+def _same(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def _read_pieces(fd: int, pieces: list[tuple[int, int]], dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor from its data pieces (read_ckpt_ranges), joined in order."""
+    array = np.empty(shape, dtype)
+    flat, filled = array.reshape(-1).view(np.uint8), 0
+    for offset, length in pieces:
+        view, got = memoryview(flat[filled:filled + length]), 0
+        while got < length:
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n <= 0:
+                raise MigrateError(f"a MindSpore checkpoint shrank while reading tensor bytes at {offset + got}")
+            got += n
+        filled += length
+    return array
 
 
 def find_checkpoint(path: str | Path) -> Path:
