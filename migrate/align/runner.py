@@ -15,7 +15,7 @@ from migrate.align.adapters import attach_to_hf, attach_to_ms, load_adapter
 from migrate.align.hf_side import HFSide
 from migrate.align.model_faults import check_fault, parse_fault
 from migrate.align.ms_side import MSSide
-from migrate.align.optimizer_reference import torch_adamw_step
+from migrate.align.optimizer_reference import TensorByTensorAdamW
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.judge.noise import TWIN
@@ -212,10 +212,11 @@ def _backward(report, hf_side, ms_side, inputs, plan: ConversionPlan, lr, twin, 
     # AdamW's first step, which maps a gradient near zero to a move of up to lr whichever way its
     # rounding falls (on SmolLM2 one tensor moved 60x further than torch's own float64 twin).
     # AdamW is elementwise per tensor, so both sides step one tensor at a time (`MSSide.adamw_steps`).
+    reference = TensorByTensorAdamW(lr=lr, **ADAMW)
+    exact_reference = TensorByTensorAdamW(lr=lr, exact=True, **ADAMW) if twin else None
     for name, before, grad, ms_after in ms_side.adamw_steps(backward, lr=lr, **ADAMW):
-        one = ({name: before}, {name: grad})
-        ref_after = torch_adamw_step(*one, lr=lr, **ADAMW)[name]
-        exact = torch_adamw_step(*one, lr=lr, exact=True, **ADAMW)[name] if twin else None
+        ref_after = reference.step(before, grad)
+        exact = exact_reference.step(before, grad) if twin else None
         report.add(name, ref_after, ms_after, kind="param_after_step", exact=exact)
     report.extra["adamw"] = {"lr": lr, **{k: list(v) if isinstance(v, tuple) else v for k, v in ADAMW.items()}}
 
