@@ -51,6 +51,23 @@ def test_gradients_pair_up_and_pass_fp32(converted):
     assert report.passed, report.first_grad_divergence
 
 
+def test_the_optimizer_step_leaves_the_parameters_it_was_handed_as_they_were(converted):
+    """`MSSide.adamw_steps` steps a master the step writes in place: the `before` it hands torch's reference
+    is the model's parameter, unchanged by that write, and the model's own parameter is not stepped."""
+    from migrate.align.ms_side import MSSide
+    from migrate.probe.inputs import seeded_inputs
+
+    side = MSSide(converted["tied"][1], "fp32", 0)
+    side.gradients(seeded_inputs(side.config.vocab_size, 2, 8, 0, False))
+    names = side.parameter_names()[:3]
+    model = {p.name: p.asnumpy().copy() for p in side.model.trainable_params()}
+    for name, before, grad, after in side.adamw_steps(names, lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                                                      weight_decay=0.1):
+        assert before.tobytes() == model[name].tobytes(), name
+        assert not (after == before).all() and grad.shape == before.shape
+    assert all(p.asnumpy().tobytes() == model[p.name].tobytes() for p in side.model.trainable_params())
+
+
 @pytest.mark.slow
 def test_greedy_generation_is_identical_for_32_tokens(converted):
     hf_dir, ms_dir = converted["gqa"]
