@@ -20,7 +20,8 @@ from migrate.train.optim import AdamW
 
 
 def _as_numpy(t) -> np.ndarray:
-    return t.astype(ms.float32).asnumpy()
+    """float32 numpy; a float32 tensor's own memory, not a cast's copy (astype copies even to its own dtype)."""
+    return (t if t.dtype == ms.float32 else t.astype(ms.float32)).asnumpy()
 
 
 class MSSide:
