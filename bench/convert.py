@@ -15,21 +15,21 @@ and prints wall time ÷ cp and peak RSS ÷ largest tensor for ours and whole.
 Conversion time is what the child times around the conversion call (the
 interpreter start and the imports of torch/transformers (and MindSpore for the
 baseline), several seconds on a small machine, are shown apart). Peak RSS is the
-child's own high-water mark (VmHWM: ru_maxrss would carry over the parent's),
-imports included. Every run reads the source from the page cache (a warm-up
-`cp` reads it first) and writes to the page cache; each output is
-deleted and `sync`ed before the next run, so no run pays for another's
-writeback. cp and ours alternate --runs times (default 5); the medians count and
-the spread (min-max) is printed, with each run's page-cache state beside it
-(the share of the source resident, /proc/meminfo Dirty and Writeback before it,
-Dirty after it, the sync that followed: `bench/page_cache.py`). Then each runs once
-with the source evicted (posix_fadvise DONTNEED) and once behind a dirty
-backlog of one checkpoint's size: the states that make a run slow. Ours runs once
-more with --hash-sources
-(the sha256 of every source file in conversion.json: about 0.9 CPU-seconds per
-GB, on two threads beside the copy; opt-in because it costs more than the copy). CPU seconds are printed too:
-they vary less than wall time on a shared machine. Targets: ours ≤ 1.5× cp, and
-peak RSS ≤ 2× largest tensor + 0.5 GB. Timings are never asserted in tests.
+child's own high-water mark (VmHWM: ru_maxrss would carry over the parent's), imports included.
+Every run reads the source from the page cache (a warm-up `cp` reads it first) and writes to the
+page cache; each output is deleted and `sync`ed before the next run, so no run pays for another's
+writeback, and every timed run starts `page_cache.SETTLE_S` after that (this VM takes freed memory
+back within a second, and a write into memory it must back again is 4-5× slower: cp, starting at
+once, wrote into the pages the deleted output had freed, a migrate process after its imports did
+not). cp and ours alternate --runs times (default 5); the medians count and the spread (min-max) is
+printed, with each run's page-cache state beside it (the share of the source resident, /proc/meminfo
+Dirty and Writeback before it, Dirty after it, the sync that followed: `bench/page_cache.py`). Then
+each runs once with the source evicted (posix_fadvise DONTNEED) and once behind a dirty backlog of
+one checkpoint's size: the states that make a run slow. Ours runs once more with --hash-sources (the
+sha256 of every source file in conversion.json: about 0.9 CPU-seconds per GB, on two threads beside
+the copy; opt-in because it costs more than the copy). CPU seconds are printed too: they vary less
+than wall time on a shared machine. Targets: ours ≤ 1.5× cp, and peak RSS ≤ 2× largest tensor + 0.5
+GB. Timings are never asserted in tests.
 """
 from __future__ import annotations
 
@@ -157,6 +157,7 @@ def main(argv=None) -> int:
 
 def _one_run(kind, n, src, out, files, fmt, cps, ours_runs, label=None):
     """One timed run of cp or ours; (label, n, wall, cpu, state before, Dirty after, sync s)."""
+    page_cache.settle()
     before = page_cache.cache_state(files)
     if kind == "cp":
         wall, cpu = harness.time_cp(files, out)
@@ -191,10 +192,13 @@ def whole_processes(src, out, files, fmt, runs: int) -> dict[str, list[float]]:
     seconds = {"cp": [], "convert": [], "export": []}
     back = out.parent / "back"
     for _ in range(runs):
+        page_cache.settle()
         seconds["cp"].append(harness.time_cp(files, out)[0])
         harness.clean(out)
+        page_cache.settle()
         seconds["convert"].append(time_cli(["convert", str(src), str(out), "--format", fmt]))
         os.sync()  # export starts as cp does, its source cached and nothing dirty: not in convert's writeback
+        page_cache.settle()
         seconds["export"].append(time_cli(["export", str(out), str(back)]))
         harness.clean(back)
         harness.clean(out)

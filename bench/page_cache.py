@@ -3,6 +3,7 @@ the same work is slower than another (bench/convert.py prints it per run).
 
     state = cache_state(files)   # {"src_cached": 0..1, "dirty_mb", "writeback_mb"}
     seconds = timed_sync()       # how long flushing what is dirty now takes
+    settle()                     # every timed run starts with its fresh memory in the same state
 
 Linux only (/proc/meminfo, util-linux `fincore`); elsewhere the figures are None.
 """
@@ -46,6 +47,19 @@ def cached_fraction(files: list[Path]) -> float | None:
 def cache_state(files: list[Path]) -> dict[str, float | None]:
     mem = meminfo_mb("Dirty", "Writeback")
     return {"src_cached": cached_fraction(files), "dirty_mb": mem["Dirty"], "writeback_mb": mem["Writeback"]}
+
+
+# On this machine (a VM) memory the guest frees goes back to the host within about a second, and
+# memory the host must back again costs: 2 GiB written into the page cache took 0.51 s right after a
+# 2 GiB file was deleted, 2.2-2.8 s one to five seconds after (dd, measured). cp started at once,
+# after the previous run's output was deleted, and wrote into the freed pages; a migrate process
+# writes a second later, after its imports, into memory the host had taken back. Each timed run
+# starts after this pause, so every run meets that state, the one a user's run meets.
+SETTLE_S = 3.0
+
+
+def settle() -> None:
+    time.sleep(SETTLE_S)
 
 
 def timed_sync() -> float:
