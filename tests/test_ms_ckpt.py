@@ -421,3 +421,28 @@ def test_entries_give_the_bytes_where_they_lie_and_every_tensor_as_read(tmp_path
             assert os.pread(fd, array.nbytes, offset) == array.tobytes(), name
     assert list(seen) == list(tensors)
     assert_same(seen, tensors)
+
+
+def test_a_refusal_after_the_first_piece_is_an_error_not_a_headered_hole(tmp_path, monkeypatch):
+    """The first piece refused: nothing written, the caller writes the bytes. A later one refused (its header
+    already out, the pieces before it copied): an error, never a record whose bytes are missing."""
+    monkeypatch.setattr(ms_ckpt, "PIECE_BYTES", 4096)  # w32's 14,800 bytes in four pieces
+    array = float_tensors()["w32"]
+    source = tmp_path / "source.bin"
+    source.write_bytes(array.tobytes())
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        monkeypatch.setattr(ms_ckpt, "copy_file_range", lambda *args: False)
+        with CkptWriter(tmp_path / "first.ckpt") as writer:
+            stream = writer.open_tensor("w32", array.dtype, array.shape)
+            assert not stream.copy_from(fd, 0) and stream.written == 0
+            stream.write(array.reshape(-1).view(np.uint8))
+            stream.close()
+        answers = iter([True, False])
+        monkeypatch.setattr(ms_ckpt, "copy_file_range", lambda *args: next(answers))
+        stream = CkptWriter(tmp_path / "later.ckpt").open_tensor("w32", array.dtype, array.shape)
+        with pytest.raises(MigrateError, match="refused to copy piece 1 of tensor w32"):
+            stream.copy_from(fd, 0)
+    finally:
+        os.close(fd)
+    assert_same(ms_load(tmp_path / "first.ckpt"), {"w32": array})

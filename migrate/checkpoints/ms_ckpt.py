@@ -192,16 +192,15 @@ class _TensorStream:
         for start in range(0, self.nbytes, PIECE_BYTES):
             piece = min(PIECE_BYTES, self.nbytes - start)
             head = self._head(piece)
-            if start == 0:
-                # Probe the kernel copy before the first header goes out, so a refusal writes nothing.
-                self.writer._file.write(head)
-                if not copy_file_range(fd, offset, self.writer._file, piece):
-                    self.writer._file.seek(-len(head), os.SEEK_CUR)
-                    self.writer._file.truncate()
-                    return False
-            else:
-                self.writer._file.write(head)
-                copy_file_range(fd, offset + start, self.writer._file, piece)
+            self.writer._file.write(head)
+            if not copy_file_range(fd, offset + start, self.writer._file, piece):
+                if start:  # a header already out with its bytes: the file cannot be taken back to a record edge
+                    raise MigrateError(f"{self.writer.path}: the kernel refused to copy piece {start // PIECE_BYTES}"
+                                       f" of tensor {self.name} after copying the ones before it")
+                # The first piece: its header goes back, and the caller writes the bytes itself.
+                self.writer._file.seek(-len(head), os.SEEK_CUR)
+                self.writer._file.truncate()
+                return False
             self.writer.bytes_written += len(head) + piece
             self.written += piece
         return True
