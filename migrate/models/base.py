@@ -47,6 +47,9 @@ from mindspore.common.initializer import Initializer, initializer
 
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
+from migrate.models.mode import launch_synchronously_on_cpu
+
+launch_synchronously_on_cpu()  # before any model runs a kernel: MindSpore takes it only then (see there)
 
 F32 = ms.float32
 DTYPES = {p.compute: getattr(ms, p.compute) for p in PRECISIONS.values()}  # "bfloat16" -> ms.bfloat16
