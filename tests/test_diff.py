@@ -68,6 +68,25 @@ def test_the_optimizer_step_leaves_the_parameters_it_was_handed_as_they_were(con
     assert all(p.asnumpy().tobytes() == model[p.name].tobytes() for p in side.model.trainable_params())
 
 
+def test_a_tensor_stepped_after_others_of_its_shape_takes_the_step_it_takes_alone(converted):
+    """`MSSide.adamw_steps` steps the tensors of one shape through one master and optimizer, restarted
+    for each: every tensor's result is the bytes a fresh optimizer gives it (moments left from the tensor
+    before, or its step count, would change them)."""
+    from migrate.align.ms_side import MSSide
+    from migrate.probe.inputs import seeded_inputs
+
+    side = MSSide(converted["tied"][1], "fp32", 0)
+    side.gradients(seeded_inputs(side.config.vocab_size, 2, 8, 0, False))
+    names = side.parameter_names()
+    shapes = [p.shape for p in side.model.trainable_params()]
+    assert len(set(map(tuple, shapes))) < len(shapes)  # some shape is shared
+    hyper = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}
+    together = {name: after.copy() for name, _, _, after in side.adamw_steps(names, **hyper)}
+    for name in names:
+        (_, _, _, alone), = side.adamw_steps([name], **hyper)
+        assert alone.tobytes() == together[name].tobytes(), name
+
+
 @pytest.mark.slow
 def test_greedy_generation_is_identical_for_32_tokens(converted):
     hf_dir, ms_dir = converted["gqa"]

@@ -66,22 +66,30 @@ class MSSide:
 
         One tensor at a time: AdamW is elementwise per tensor and every tensor here is in one group
         with the same hyperparameters, so a tensor stepped alone takes the very step it takes among
-        the others, and only one tensor's master, moments and copies are held at once instead of the
-        whole model's. `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first:
-        40 s of a 254 M model's 110 s `diff --grads` (bench/diff.py)."""
+        the others, and only a master and moments per shape are held instead of the whole model's. `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first:
+        40 s of a 254 M model's 110 s `diff --grads` (bench/diff.py). Tensors of one shape share one
+        master and one optimizer, restarted for each (moments zeroed, step count 0): a Parameter,
+        an optimizer and moments made per tensor wrote into fresh memory every time. The arrays
+        yielded for a tensor are valid until the next tensor of its shape."""
         pairs = {p.name: (p, g) for p, g in zip(self.model.trainable_params(), self._grads, strict=True)}
+        steppers: dict[tuple[int, ...], tuple[ms.Parameter, AdamW]] = {}
         for name in names:
             param, grad = pairs.pop(name)
             before = _as_numpy(param)
-            # From numpy (CPU has no bf16 Identity kernel to copy a bf16 parameter), wrapped by from_numpy:
-            # ms.Tensor(array) copied it again, 0.72 s against 0.30 s for a 32 M-element tensor (measured).
-            # The Parameter holds memory of its own, which the step writes in place: `before` stays as read.
             # In PyNative whatever --mode says: a graph per tensor would compile once per tensor.
-            master = ms.Parameter(ms.from_numpy(before), name=name)
             with execution_mode("pynative"):
-                opt = AdamW([{"params": [master], "weight_decay": weight_decay}], lr=lr, betas=betas, eps=eps)
-                opt.zero_moments()
-                opt.step([grad.astype(ms.float32)])
+                if before.shape in steppers:
+                    master, opt = steppers[before.shape]
+                    master.copy_(ms.from_numpy(before))  # into the master's own memory: `before` stays as read
+                    opt.restart()
+                else:
+                    # From numpy (CPU has no bf16 Identity kernel to copy a bf16 parameter); the Parameter
+                    # holds memory of its own, which the step writes in place.
+                    master = ms.Parameter(ms.from_numpy(before), name=f"master{len(steppers)}")
+                    opt = AdamW([{"params": [master], "weight_decay": weight_decay}], lr=lr, betas=betas, eps=eps)
+                    opt.zero_moments()
+                    steppers[before.shape] = master, opt
+                opt.step([grad if grad.dtype == ms.float32 else grad.astype(ms.float32)])
             yield name, before, _as_numpy(grad), _as_numpy(master)
 
     def generate(self, prompt: np.ndarray, steps: int) -> list[int]:

@@ -168,6 +168,13 @@ class AdamW:
         for moment in (*self.exp_avg, *self.exp_avg_sq):
             moment.set_data(ops.zeros(moment.shape, F32))
 
+    def restart(self) -> None:
+        """As new on the same Parameters: step count 0 and both moments zero, written into the moments'
+        own memory (`migrate diff --grads` steps many tensors of one shape through one optimizer)."""
+        self.step_count = 0
+        for moment in (*self.exp_avg, *self.exp_avg_sq):
+            moment.copy_(ms.from_numpy(np.zeros(moment.shape, np.float32)))  # calloc'd: reads the zero page
+
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
         for g in self.param_groups:
