@@ -66,10 +66,11 @@ class MSSide:
 
         One tensor at a time: AdamW is elementwise per tensor and every tensor here is in one group
         with the same hyperparameters, so a tensor stepped alone takes the very step it takes among
-        the others, and only a master and moments per shape are held instead of the whole model's. `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first:
-        40 s of a 254 M model's 110 s `diff --grads` (bench/diff.py). Tensors of one shape share one
-        master and one optimizer, restarted for each (moments zeroed, step count 0): a Parameter,
-        an optimizer and moments made per tensor wrote into fresh memory every time. The arrays
+        the others, and only a master and moments per shape are held instead of the whole model's.
+        `mindspore.experimental.optim.AdamW` compiled a graph over every tensor first: 40 s of a
+        254 M model's 110 s `diff --grads` (bench/diff.py). Tensors of one shape share one master and
+        one optimizer, restarted for each (moments zeroed, step count 0): a Parameter, an optimizer
+        and moments made per tensor wrote into fresh memory every time. The arrays
         yielded for a tensor are valid until the next tensor of its shape."""
         pairs = {p.name: (p, g) for p, g in zip(self.model.trainable_params(), self._grads, strict=True)}
         steppers: dict[tuple[int, ...], tuple[ms.Parameter, AdamW]] = {}
