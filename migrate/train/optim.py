@@ -127,6 +127,15 @@ def _update_cell(params, exp_avg, exp_avg_sq, use_decay, fused: bool | None):
     return _FusedAdamWUpdate(params, exp_avg, exp_avg_sq, use_decay, op), True
 
 
+def host_view(tensor) -> np.ndarray | None:
+    """The tensor's own memory as a numpy array, where it lies in host memory (on the CPU), else None.
+    Written through it, the tensor changes without a MindSpore kernel: `Tensor.copy_` from a numpy
+    array ran at a tenth of memcpy's speed inside `migrate diff --grads` (0.48 s for SmolLM2's 135 M
+    parameters)."""
+    view = tensor.asnumpy()
+    return view if view.flags.writeable and view.ctypes.data == tensor.data_ptr() else None
+
+
 class AdamW:
     """torch.optim.AdamW on MindSpore Parameters (see the module docstring).
 
@@ -173,7 +182,11 @@ class AdamW:
         own memory (`migrate diff --grads` steps many tensors of one shape through one optimizer)."""
         self.step_count = 0
         for moment in (*self.exp_avg, *self.exp_avg_sq):
-            moment.copy_(ms.from_numpy(np.zeros(moment.shape, np.float32)))  # calloc'd: reads the zero page
+            view = host_view(moment)
+            if view is not None:
+                view.fill(0)
+            else:  # copying zeros in costs twice that: reading np.zeros' fresh pages faults each one in
+                moment.copy_(ms.from_numpy(np.zeros(moment.shape, np.float32)))
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
