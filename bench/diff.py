@@ -8,7 +8,8 @@ included; times exclude the imports):
 
   bare HF / bare MS   load the model, one forward without hooks; and load, forward with labels,
                       backward (HF: loss.backward(); MS: value_and_grad over trainable_params() in
-                      PyNative), as `migrate diff --grads` runs each side
+                      PyNative, launched synchronously on the CPU as everywhere in migrate:
+                      `models.mode`), as `migrate diff --grads` runs each side
   diff live           `migrate.align.run_diff` (HF vs converted, live), with HF's float64 twin (the
                       noise reference, the default) and with --reference none; and with grads=True
   dump HF / MS        `migrate dump` in tensors mode and in statistics mode (HF: with its twin,
