@@ -3,6 +3,7 @@ MindSpore takes the setting only before its first kernel, so each module that ru
 kernels must have made it by the time it is imported."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,8 +30,9 @@ for name in sys.argv[1:]:
 """
 
 
-def _launch_blocking_after_import(*modules: str) -> dict[str, bool]:
-    out = subprocess.run([sys.executable, "-c", CHECK, *modules], capture_output=True, text=True, timeout=300)
+def _launch_blocking_after_import(*modules: str, env: dict | None = None) -> dict[str, bool]:
+    out = subprocess.run([sys.executable, "-c", CHECK, *modules], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr[-2000:]
     return {name: flag == "True" for name, flag in (line.split() for line in out.stdout.splitlines())}
 
@@ -40,6 +42,9 @@ def test_each_module_that_runs_mindspore_leaves_pynative_launching_synchronously
     # One interpreter per module: each must make the setting itself, not inherit it from another's import.
     for name in ENTRY_MODULES:
         assert _launch_blocking_after_import(name) == {name: True}
+    # The caller's own process may keep MindSpore's asynchronous default.
+    assert _launch_blocking_after_import(ENTRY_MODULES[0], env={"MIGRATE_SYNC_LAUNCH": "off"}) == \
+        {ENTRY_MODULES[0]: False}
 
 
 @pytest.mark.slow

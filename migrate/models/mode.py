@@ -6,7 +6,7 @@ trainer) in that mode. Every switch goes through `execution_mode`, which puts th
 mode back on the way out, error or not.
 
 Importing this module also makes PyNative launch its kernels synchronously when MindSpore runs
-on the CPU (`launch_synchronously_on_cpu`).
+on the CPU (`launch_synchronously_on_cpu`; MIGRATE_SYNC_LAUNCH=off leaves MindSpore's default).
 """
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from contextlib import contextmanager
 
 import mindspore as ms
 
+from migrate.native import switched_off
+
+SWITCH = "MIGRATE_SYNC_LAUNCH"
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 
 
@@ -25,8 +28,9 @@ def launch_synchronously_on_cpu() -> bool:
     bit; graph-mode training ran at the same speed either way (bench/train_speed.py). On a device
     (Ascend, GPU) the queues overlap the host with the device, so they stay. MindSpore takes the
     setting only before its first kernel runs (later it is a no-op): the modules that run
-    MindSpore import this one. Asking again changes nothing. True on the CPU."""
-    if ms.get_context("device_target") != "CPU":
+    MindSpore import this one. Asking again changes nothing. True where it is made: on the CPU, unless
+    MIGRATE_SYNC_LAUNCH=off (a process of the caller's own that wants MindSpore's default)."""
+    if ms.get_context("device_target") != "CPU" or switched_off(SWITCH):
         return False
     ms.runtime.launch_blocking()
     return True
