@@ -59,7 +59,7 @@ def test_the_optimizer_step_leaves_the_parameters_it_was_handed_as_they_were(con
 
     side = MSSide(converted["tied"][1], "fp32", 0)
     side.gradients(seeded_inputs(side.config.vocab_size, 2, 8, 0, False))
-    names = side.parameter_names()[:3]
+    names = side.parameter_names()  # tensors of one shape share a master: writing it must not reach the model
     model = {p.name: p.asnumpy().copy() for p in side.model.trainable_params()}
     for name, before, grad, after in side.adamw_steps(names, lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                                                       weight_decay=0.1):
