@@ -74,14 +74,12 @@ def test_a_tensor_stepped_after_others_of_its_shape_takes_the_step_it_takes_alon
     for each: every tensor's result is the bytes a fresh optimizer gives it (moments left from the tensor
     before, or its step count, would change them); so too where the master and moments cannot be
     written through numpy (`optim.host_view` None, as on a device) and `Tensor.copy_` writes them."""
-    import migrate.align.ms_side as ms_side_module
     import migrate.train.optim as optim
     from migrate.align.ms_side import MSSide
     from migrate.probe.inputs import seeded_inputs
 
     if writes == "copy_":
         monkeypatch.setattr(optim, "host_view", lambda tensor: None)
-        monkeypatch.setattr(ms_side_module, "host_view", lambda tensor: None)
 
     side = MSSide(converted["tied"][1], "fp32", 0)
     side.gradients(seeded_inputs(side.config.vocab_size, 2, 8, 0, False))

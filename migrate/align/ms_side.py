@@ -16,7 +16,7 @@ from migrate.infer.runners import CachedRunner
 from migrate.infer.sampling import Sampling
 from migrate.models.mode import execution_mode
 from migrate.probe.sides import load_converted_model
-from migrate.train.optim import AdamW, host_view
+from migrate.train.optim import AdamW, overwrite
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -81,11 +81,7 @@ class MSSide:
             with execution_mode("pynative"):
                 if before.shape in steppers:
                     master, opt = steppers[before.shape]
-                    view = host_view(master)  # into the master's own memory: `before` stays as read
-                    if view is not None:
-                        np.copyto(view, before)
-                    else:
-                        master.copy_(ms.from_numpy(before))
+                    overwrite(master, before)  # into the master's own memory: `before` stays as read
                     opt.restart()
                 else:
                     # From numpy (CPU has no bf16 Identity kernel to copy a bf16 parameter); the Parameter

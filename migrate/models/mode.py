@@ -5,8 +5,8 @@ hooks, or to GRAPH_MODE for export, used to leave the next caller (a test, a not
 trainer) in that mode. Every switch goes through `execution_mode`, which puts the previous
 mode back on the way out, error or not.
 
-Importing this module also makes PyNative launch its kernels synchronously when MindSpore runs
-on the CPU (`launch_synchronously_on_cpu`; MIGRATE_SYNC_LAUNCH=off leaves MindSpore's default).
+`launch_synchronously_on_cpu` is the other process-wide setting: PyNative's kernels launched
+synchronously on the CPU (`models.base`, under every bundled model, makes it when imported).
 """
 from __future__ import annotations
 
@@ -27,16 +27,14 @@ def launch_synchronously_on_cpu() -> bool:
     asynchronously and 1.5-1.6 s launched so, on this project's 2-core machine, the same gradients to the
     bit; graph-mode training ran at the same speed either way (bench/train_speed.py). On a device
     (Ascend, GPU) the queues overlap the host with the device, so they stay. MindSpore takes the
-    setting only before its first kernel runs (later it is a no-op): the modules that run
-    MindSpore import this one. Asking again changes nothing. True where it is made: on the CPU, unless
-    MIGRATE_SYNC_LAUNCH=off (a process of the caller's own that wants MindSpore's default)."""
+    setting only before its first kernel runs (later it is a no-op): `models.base`, which every
+    bundled model stands on, makes it when imported. Asking again changes nothing. True where it
+    is made: on the CPU, unless MIGRATE_SYNC_LAUNCH=off (a caller's own process that wants
+    MindSpore's default)."""
     if ms.get_context("device_target") != "CPU" or switched_off(SWITCH):
         return False
     ms.runtime.launch_blocking()
     return True
-
-
-launch_synchronously_on_cpu()
 
 
 @contextmanager
