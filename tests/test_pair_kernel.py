@@ -7,11 +7,13 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import migrate.judge.metrics as M
+from migrate import native
 from migrate.judge import pair_kernel
 from migrate.judge.checks import judge
 
@@ -145,3 +147,23 @@ def test_the_figures_do_not_depend_on_where_the_arrays_start():
     first = M.tensor_metrics(ref, got)
     for offset in range(1, 8):
         assert M.tensor_metrics(placed(ref, offset), placed(got, offset % 3)) == first, offset
+
+
+def test_the_vector_clones_compute_the_same_bits(tmp_path):
+    """The AVX2 clone (where this CPU has AVX2) and the x86-64 baseline sum each lane alike: a dump's
+    figures made on one box equal another's."""
+    if "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AVX2: only the baseline runs here")
+    baseline = tmp_path / "baseline.so"
+    done = subprocess.run([native.compiler(), *native.FLAGS, "-DMIGRATE_BASELINE_ONLY", "-o", str(baseline),
+                           str(pair_kernel.SOURCE)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rng = np.random.default_rng(8)
+    ref = rng.standard_normal(100_003)                 # several chunks and a ragged tail of 3
+    got = (ref + 1e-3 * rng.standard_normal(ref.size)).astype(np.float32)
+    for floor in (None, 1e-3):
+        clones, plain = (pair_kernel.pair_sums(lib, ref, got, M.CHUNK_ELEMENTS, floor, M.WITHIN_TOLERANCES)
+                         for lib in (pair_kernel.library(), pair_kernel._library(str(baseline))))
+        assert clones == plain
+        assert clones["max_abs"] == float(np.abs(ref - got).max()) and clones["max_abs_at"] == int(
+            np.abs(ref - got).argmax())
