@@ -1,8 +1,10 @@
 """torch's AdamW as `migrate diff --grads`'s reference (migrate/align/optimizer_reference.py): the float32
 step is torch's default CPU AdamW to the bit, the float64 twin (torch's fused kernel) within float64
-rounding of an unfused float64 step, both far closer to each other than a wrong step -- and the
-workspace kept across tensors changes none of it, whatever order the shapes come in."""
+rounding of an unfused float64 step, both far closer to each other than a wrong step -- and neither
+the workspace kept across tensors nor stepping a tensor chunk by chunk changes any of it, whatever
+order the shapes come in."""
 import numpy as np
+import pytest
 import torch
 
 from migrate.align.optimizer_reference import TensorByTensorAdamW
@@ -33,9 +35,10 @@ def stepped(params, grads, **settings):
     return {name: optimizer.step(value, grads[name]).copy() for name, value in params.items()}
 
 
-def test_the_float32_step_is_torchs_default_and_the_twin_is_float64():
+@pytest.mark.parametrize("chunk", [TensorByTensorAdamW.CHUNK, 100, 7])  # w: 21 chunks of 100 and 12 over
+def test_the_float32_step_is_torchs_default_and_the_twin_is_float64(chunk):
     params, grads = tensors()
-    fp32, exact = stepped(params, grads), stepped(params, grads, exact=True)
+    fp32, exact = stepped(params, grads, chunk=chunk), stepped(params, grads, exact=True, chunk=chunk)
     default32, default64 = torch_default(params, grads, torch.float32), torch_default(params, grads, torch.float64)
     wrong_lr = stepped(params, grads, lr=1.1e-3)
     for name in params:
@@ -49,12 +52,13 @@ def test_the_float32_step_is_torchs_default_and_the_twin_is_float64():
         assert np.abs(wrong_lr[name] - exact[name]).max() > 100 * gap
 
 
-def test_the_workspace_leaves_no_trace_between_tensors():
-    """The same tensor stepped again after others gives the same bytes: moments start at zero each time,
-    and the inputs are never written."""
+@pytest.mark.parametrize("chunk", [TensorByTensorAdamW.CHUNK, 100])
+def test_the_workspace_leaves_no_trace_between_tensors(chunk):
+    """The same tensor stepped again after others gives the same bytes: moments start at zero each time
+    (each chunk), and the inputs are never written."""
     params, grads = tensors()
     before = {name: p.copy() for name, p in params.items()}
-    optimizer = TensorByTensorAdamW(**SETTINGS)
+    optimizer = TensorByTensorAdamW(**SETTINGS, chunk=chunk)
     first = optimizer.step(params["b"], grads["b"]).copy()
     for name in ("w", "v", "b"):
         last = optimizer.step(params[name], grads[name])
