@@ -9,6 +9,7 @@ from migrate.align import run_diff
 from migrate.align.model_faults import FAULTS
 from migrate.cli import main
 from migrate.convert import convert
+from migrate.judge.twin import float64_in_place
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,23 @@ def test_gradients_pair_up_and_pass_fp32(converted):
     assert len(grads) == len(after) == 20
     assert grads[0].name == "model.norm_out.weight"  # backward order starts at the head
     assert report.passed, report.first_grad_divergence
+
+
+@pytest.mark.slow
+def test_hf_model_is_cast_back_from_its_twin_only_where_generate_runs_it_again(converted, monkeypatch):
+    import migrate.probe.live as live
+
+    casts = []
+
+    def recorded(model, restore=True):
+        casts.append(restore)
+        return float64_in_place(model, restore=restore)
+
+    monkeypatch.setattr(live, "float64_in_place", recorded)
+    hf_dir, ms_dir = converted["tied"]
+    report = run_diff(hf_dir, ms_dir, grads=True, generate=4)
+    assert casts == [True] and report.passed and report.generation.ref_tokens == report.generation.got_tokens
+    assert run_diff(hf_dir, ms_dir, grads=True).passed and casts == [True, False]
 
 
 def test_the_optimizer_step_leaves_the_parameters_it_was_handed_as_they_were(converted):

@@ -188,3 +188,18 @@ def test_the_in_place_twin_gives_every_weight_back_bit_for_bit(dtype):
     assert model_identity(model, "torch") == before
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tying kept
     assert all(torch.equal(b, buffers[n]) and b.dtype == buffers[n].dtype for n, b in model.named_buffers())
+
+
+def test_a_twin_that_is_the_models_last_use_leaves_it_float64_with_the_same_values():
+    """`migrate diff --grads` without --generate does not run HF's model after its twin: the cast back
+    is skipped (restore=False), the values are the weights widened."""
+    import torch
+
+    from migrate.probe.twin import float64_in_place
+
+    model = build_hf_model("tied", seed=3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with float64_in_place(model, restore=False) as twin:
+        twin(torch.arange(8)[None])
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float64 and torch.equal(p.detach(), before[name].double()), name

@@ -136,7 +136,8 @@ def _run(hf_dir: Path, ms_dir: Path, *, dtype, batch, seq_len, seed, text, padde
     passes = {}  # --grads: the gradients of the runs the forward records (`_gradient_runs`)
     runs = _gradient_runs(hf_side, ms_side, inputs, plan, twin, passes,
                           pynative=bool(fault) or mode == "pynative") if grads else None
-    _forward(report, hf_side, ms_side, inputs, detail, twin, sides, runs)
+    # After the twin only --generate runs HF's model again: else it stays float64 (`float64_in_place`).
+    _forward(report, hf_side, ms_side, inputs, detail, twin, sides, runs, restore_ref=bool(generate))
     if grads:
         _backward(report, hf_side, ms_side, inputs, plan, lr, twin, passes)
     if generate:
@@ -152,12 +153,12 @@ def _valid(array: np.ndarray, inputs: Inputs) -> np.ndarray:
     return array[inputs.valid]
 
 
-def _forward(report, hf_side, ms_side, inputs, detail, twin, sides, runs=None) -> None:
+def _forward(report, hf_side, ms_side, inputs, detail, twin, sides, runs=None, restore_ref=True) -> None:
     """The forward through probe's side protocol: both models recorded by the same hooks and
     paired by their block tables (`probe.live`), as `migrate diff` does on any pair."""
     ref, got = sides
     for c in paired_forward(ref, got, inputs, num_layers=ms_side.config.num_layers, detail=detail,
-                            twin=twin is not None, runs=runs):
+                            twin=twin is not None, runs=runs, restore_ref=restore_ref):
         if c.kind == "loss":
             report.add(c.name, c.ref, c.got, kind="loss", exact=c.exact)
         else:

@@ -87,12 +87,15 @@ def _outputs(side: Side, recording: MemoryRecording) -> dict[str, str]:
 
 def paired_forward(ref: Side, got: Side, inputs, *, num_layers: int, detail: bool,
                    twin: bool = False, ref_context=contextlib.nullcontext,
-                   runs: Mapping[str, Callable[[Any], Any]] | None = None) -> Iterator[Compared]:
+                   runs: Mapping[str, Callable[[Any], Any]] | None = None, restore_ref: bool = True) \
+        -> Iterator[Compared]:
     """Record `ref` and `got` on `inputs` (and `ref`'s float64 twin with `twin`), pair them by
     their block tables, and yield every compared tensor in forward order. ref_context: entered
     around `ref`'s own forward only (a training run's autocast), not around its twin's. runs: by
     "ref", "got" or "twin", what runs in place of that plain forward, given the model (`record_forward`):
-    `migrate diff --grads` records the forward of each gradient pass instead of running one more."""
+    `migrate diff --grads` records the forward of each gradient pass instead of running one more.
+    restore_ref False: the twin is the last use of `ref`'s model, which stays float64 after it
+    (`float64_in_place`)."""
     runs = runs or {}
     wanted = {}
     for which, side in (("ref", ref), ("got", got)):
@@ -109,7 +112,7 @@ def paired_forward(ref: Side, got: Side, inputs, *, num_layers: int, detail: boo
     got_rec = record_forward(got, inputs, wanted["got"], run=runs.get("got"))
     exact_rec = None
     if twin:
-        with float64_in_place(ref.model) as model:
+        with float64_in_place(ref.model, restore=restore_ref) as model:
             exact_rec = record_forward(ref, inputs, wanted["ref"], model=model, run=runs.get("twin"))
     points, _ = pair(ref_rec.records, got_rec.records, ref_align=ref.align, got_align=got.align, detail=detail)
     for p in points:
