@@ -58,9 +58,11 @@ def test_the_workspace_leaves_no_trace_between_tensors(chunk):
     (each chunk), and the inputs are never written."""
     params, grads = tensors()
     before = {name: p.copy() for name, p in params.items()}
+    grads_before = {name: g.copy() for name, g in grads.items()}
     optimizer = TensorByTensorAdamW(**SETTINGS, chunk=chunk)
     first = optimizer.step(params["b"], grads["b"]).copy()
     for name in ("w", "v", "b"):
         last = optimizer.step(params[name], grads[name])
     assert last.tobytes() == first.tobytes()
     assert all(params[name].tobytes() == before[name].tobytes() for name in params)
+    assert all(grads[name].tobytes() == grads_before[name].tobytes() for name in grads)  # read in place

@@ -16,6 +16,7 @@ from migrate.align.hf_side import HFSide
 from migrate.align.model_faults import check_fault, parse_fault
 from migrate.align.ms_side import MSSide
 from migrate.align.optimizer_reference import TensorByTensorAdamW
+from migrate.collector import older_objects_frozen
 from migrate.dtype_names import PRECISIONS
 from migrate.errors import MigrateError
 from migrate.judge.noise import TWIN
@@ -76,7 +77,7 @@ def run_diff(
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    with execution_mode("pynative" if fault else mode):  # faults patch Python methods: PyNative
+    with execution_mode("pynative" if fault else mode), older_objects_frozen():  # faults patch methods: PyNative
         return _run(hf_dir, ms_dir, dtype=dtype, batch=batch, seq_len=seq_len, seed=seed, text=text,
                     padded=padded, detail=detail, grads=grads, generate=generate, fault=fault,
                     thresholds=thresholds, keymap=keymap, mode=mode, lr=lr, adapter=adapter, reference=reference,
