@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "migrate"
 LAYERS = [
     ("foundation", ["migrate", "migrate.errors", "migrate.safeyaml", "migrate.jsonsafe", "migrate.dtype_names",
                     "migrate.signals", "migrate.ui", "migrate.resources", "migrate.byte_sizes",
-                    "migrate.native"]),
+                    "migrate.native", "migrate.collector"]),
     ("files", ["migrate.checkpoints", "migrate.transforms", "migrate.hf_config", "migrate.hf_loading",
                "migrate.sidecar", "migrate.data", "migrate.parallel.layout"]),
     # The run protocol: the step record, the checkpoint state keys, the cadence both trainers
