@@ -39,7 +39,7 @@ from migrate.checkpoints.sharding import (
     ShardedWriter,
     index_name,
     parse_size,
-    plan_shards,
+    plan_balanced_shards,
 )
 from migrate.errors import CoverageError, MigrateError
 from migrate.hf_config import load_hf_config, read_raw_config
@@ -148,23 +148,36 @@ def _convert(ckpt, src, out, km, ms_fields, fmt, dtype, overwrite, on_tensor, ma
         writer = ShardedWriter(tmp, fmt, shards, _writer_factory(fmt, jobs, crc),
                                {"producer": f"migrate {__version__}"})
 
+        done_lock = threading.Lock()   # shards written side by side report from their threads
+
         def done(job):
-            result.tensors += 1
-            result.parameters += job.size
-            result.bytes_written += job.size * job.dtype.itemsize
-            result.records.append({
-                **record_of[job.name], "target": job.name, "shape": list(job.shape),
-                "source_dtype": short_name(job.src_dtype), "dtype": short_name(job.dtype),
-            })
-            if on_tensor:
-                on_tensor(job.name, result.tensors, len(jobs))
+            with done_lock:
+                result.tensors += 1
+                result.parameters += job.size
+                result.bytes_written += job.size * job.dtype.itemsize
+                result.records.append({
+                    **record_of[job.name], "target": job.name, "shape": list(job.shape),
+                    "source_dtype": short_name(job.src_dtype), "dtype": short_name(job.dtype),
+                })
+                if on_tensor:
+                    on_tensor(job.name, result.tensors, len(jobs))
 
         try:
             with writer:
-                stream.run(jobs, writer, on_done=done)
+                workers = _shard_writers(jobs, shards)
+                if workers > 1:
+                    shard_of = {name: k for k, shard in enumerate(shards) for name in shard}
+                    by_shard = [[] for _ in shards]
+                    for job in jobs:
+                        by_shard[shard_of[job.name]].append(job)
+                    writer.write_each(lambda k, sink: stream.run(by_shard[k], sink, on_done=done), workers)
+                else:
+                    stream.run(jobs, writer, on_done=done)
         except BaseException:
             hasher.cancel()
             raise
+        order = {job.name: i for i, job in enumerate(jobs)}
+        result.records.sort(key=lambda record: order[record["target"]])
         sources = hasher.result()
         result.files = [out / name for name in writer.files]
         if len(writer.files) > 1:
@@ -252,10 +265,23 @@ def _record(group, dst: str) -> dict:
     return {"source": list(group.src), "layout": group.layout, "parameter": dst}
 
 
+# Shards written at once at most: page-cache copies scale with cores, a disk's flushing does not.
+MAX_SHARD_WRITERS = 4
+
+
+def _shard_writers(jobs, shards) -> int:
+    """How many shards are written side by side: several only where every tensor is a kernel copy
+    (its bytes unchanged, read by the kernel at an offset: nothing shared between the threads; a
+    cast or a fused row reads through the checkpoint reader, which keeps per-tensor state)."""
+    if len(shards) < 2 or not all(job.source is not None and job.cast is None for job in jobs):
+        return 1
+    return min(len(shards), os.cpu_count() or 1, MAX_SHARD_WRITERS)
+
+
 def _plan(jobs, fmt, max_bytes, crc) -> list[list[str]]:
     if fmt == "ckpt":
         sizes = [(job.name, record_bytes(job.name, job.dtype, job.shape)) for job in jobs]
-        shards = plan_shards(sizes, max_bytes, fixed=CRC_TRAILER if crc else 0)
+        shards = plan_balanced_shards(sizes, max_bytes, fixed=CRC_TRAILER if crc else 0)
         size_of = dict(sizes)
         for shard in shards:
             if len(shard) == 1 and size_of[shard[0]] > PROTOBUF_LIMIT:
@@ -264,7 +290,7 @@ def _plan(jobs, fmt, max_bytes, crc) -> list[list[str]]:
                     "of one .ckpt file that mindspore.load_checkpoint can parse; use --format safetensors"
                 )
         return shards
-    return plan_shards([(job.name, job.size * job.dtype.itemsize) for job in jobs], max_bytes)
+    return plan_balanced_shards([(job.name, job.size * job.dtype.itemsize) for job in jobs], max_bytes)
 
 
 def _writer_factory(fmt, jobs, crc):

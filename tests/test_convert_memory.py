@@ -269,3 +269,49 @@ def test_kernel_copy_and_its_fallback_write_the_same_bytes(tmp_path, monkeypatch
     assert len(kernel.files) > 1
     for a, b, c in zip(kernel.files, fallback.files, through_memory.files, strict=True):
         assert a.read_bytes() == b.read_bytes() == c.read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+def test_shards_written_side_by_side_are_the_bytes_written_one_after_another(tmp_path, monkeypatch, fmt):
+    import migrate.convert as conversion
+
+    hf = build_hf_model("gqa", seed=12)
+    src = save_hf_model(hf, tmp_path / "hf", "sharded_safetensors")
+    calls, real = [], conversion._shard_writers
+
+    def counted(jobs, shards):
+        calls.append(real(jobs, shards))
+        return calls[-1]
+
+    monkeypatch.setattr(conversion, "_shard_writers", counted)
+    parallel = convert(src, tmp_path / "parallel", fmt=fmt, max_shard_size="20KB")
+    monkeypatch.setattr(conversion, "_shard_writers", lambda jobs, shards: 1)
+    serial = convert(src, tmp_path / "serial", fmt=fmt, max_shard_size="20KB")
+    assert calls[0] > 1 and len(parallel.files) > 3   # the side-by-side path ran
+    for a, b in zip(parallel.files, serial.files, strict=True):
+        assert a.name == b.name and a.read_bytes() == b.read_bytes()
+    for name in ("conversion.json", f"model.{fmt}.index.json"):
+        first, second = (json.loads((r.out_dir / name).read_text()) for r in (parallel, serial))
+        assert first == second, name   # records in tensor order, the same totals
+    assert parallel.tensors == serial.tensors and parallel.bytes_written == serial.bytes_written
+
+
+def test_a_shard_that_fails_leaves_no_output_and_no_thread_writing(tmp_path, monkeypatch):
+    import errno
+
+    from migrate.checkpoints import ms_ckpt
+
+    src = save_hf_model(build_hf_model("gqa", seed=12), tmp_path / "hf", "sharded_safetensors")
+    real, calls = ms_ckpt.copy_file_range, []
+
+    def failing(src_fd, offset, dst, nbytes):
+        calls.append(1)
+        if len(calls) == 7:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(src_fd, offset, dst, nbytes)
+
+    monkeypatch.setattr(ms_ckpt, "copy_file_range", failing)
+    with pytest.raises(MigrateError, match="cannot write output .*Input/output error"):
+        convert(src, tmp_path / "ms", max_shard_size="20KB")
+    assert not (tmp_path / "ms").exists() and [p.name for p in tmp_path.iterdir()] == ["hf"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("migrate-shard")]

@@ -325,6 +325,22 @@ def test_plan_shards():
     assert plan_shards(sizes, None) == [["a", "b", "c", "big", "d"]]
 
 
+def test_balanced_shards_cut_as_many_shards_into_equal_shares():
+    from migrate.checkpoints.sharding import plan_balanced_shards, plan_shards
+
+    sizes = [(f"t{i}", 10) for i in range(21)]           # greedy at 190: 190 + 20
+    assert [len(s) for s in plan_shards(sizes, 190)] == [19, 2]
+    assert [len(s) for s in plan_balanced_shards(sizes, 190)] == [11, 10]
+    assert plan_balanced_shards(sizes, None) == plan_shards(sizes, None)
+    assert plan_balanced_shards(sizes[:5], 190) == [[name for name, _ in sizes[:5]]]
+    # equal shares would put a shard over the bound: the greedy plan stands
+    lopsided = [("a", 10), ("b", 100), ("c", 100)]
+    assert plan_balanced_shards(lopsided, 110) == plan_shards(lopsided, 110)
+    with_trailer = plan_balanced_shards(sizes, 190, fixed=8)
+    assert len(with_trailer) == len(plan_shards(sizes, 190, fixed=8))
+    assert all(8 + 10 * len(shard) <= 190 for shard in with_trailer)
+
+
 def write_sharded(folder, tensors, max_bytes, crc=False):
     from migrate.checkpoints.sharding import ShardedWriter, plan_shards
 
