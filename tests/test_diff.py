@@ -52,7 +52,6 @@ def test_gradients_pair_up_and_pass_fp32(converted):
     assert report.passed, report.first_grad_divergence
 
 
-@pytest.mark.slow
 def test_hf_model_is_cast_back_from_its_twin_only_where_generate_runs_it_again(converted, monkeypatch):
     import migrate.probe.live as live
 
