@@ -448,7 +448,9 @@ def logits_metrics(ref: Any, got: Any, tie_margin: float | None = None) -> dict:
                 la, lb = _log_softmax(a), _log_softmax(b)
                 p = np.exp(la)
                 terms = np.where(p > 0, p * (la - lb), 0.0)
-                kl_rows = np.maximum(terms.sum(-1), 0.0)
+                # Equal rows are 0 exactly: numpy's exp and log may round an element differently by where it
+                # lies in memory (SIMD body or scalar tail), so the same row twice could read 1e-16.
+                kl_rows = np.where((a == b).all(-1), 0.0, np.maximum(terms.sum(-1), 0.0))
                 kl_sum += float(kl_rows.sum())
                 kl_max = max(kl_max, float(kl_rows.max()))
                 top_a, top_b = np.argmax(a, -1), np.argmax(b, -1)
