@@ -89,19 +89,20 @@ class _FusedAdamWUpdate(nn.Cell):
         self.params = params
         self.exp_avg = exp_avg
         self.exp_avg_sq = exp_avg_sq
-        self.flags = tuple(Tensor(np.float32(1.0 if use else 0.0)) for use in use_decay)
+        self.use_decay = tuple(bool(use) for use in use_decay)
         self.count = len(params)
         self.fused = fused
 
     def construct(self, grads, decays, w1, b2, w2, neg_step, bc2_sqrt, eps, inv_scale=None, coef=None, zero=False):
-        one = ops.ones_like(w1)  # x * 1.0f is x exactly: an unscale or clip that is off
+        one = ops.ones_like(w1)  # x * 1.0f is x exactly: an unscale, clip or decay that is off
         inv_scale = one if inv_scale is None else inv_scale
         coef = one if coef is None else coef
         zeroing = one if zero else ops.zeros_like(w1)
+        # One stack a step: its kernel inputs are the same for every tensor (adamw.cc)
+        shared = ops.stack((w1, b2, w2, neg_step, bc2_sqrt, eps, inv_scale, coef, zeroing))
         sums = ()  # one entry per tensor, as _AdamWUpdate's HyperMap returns
         for i in range(self.count):
-            scalars = ops.stack((decays[i], w1, b2, w2, neg_step, bc2_sqrt, eps, self.flags[i], inv_scale, coef,
-                                 zeroing))
+            decay = decays[i] if self.use_decay[i] else one
             if zero:
                 # The accumulator Parameter itself (a cast or depend could hand over a copy); nothing else in
                 # its graph reads the accumulators, and they exist before it runs.
@@ -111,7 +112,7 @@ class _FusedAdamWUpdate(nn.Cell):
                 # no kernel may run before every gradient is there (a weight's backward may still read it,
                 # with clipping off), hence each depends on all of them; its sum is what the graph returns.
                 grad = ops.depend(grads[i].astype(F32), grads)
-            sums = sums + (self.fused(self.params[i], grad, self.exp_avg[i], self.exp_avg_sq[i], scalars),)
+            sums = sums + (self.fused(self.params[i], grad, self.exp_avg[i], self.exp_avg_sq[i], shared, decay),)
         return sums
 
 
