@@ -20,6 +20,7 @@ KERNELS = {
     PACKAGE / "train" / "kernels" / "adamw.cc": "the trainer's fused AdamW (else its op-by-op AdamW)",
     PACKAGE / "judge" / "pair_sums.cc": "diff's one-pass tensor figures (else numpy's passes)",
     PACKAGE / "infer" / "decode_layer.cc": "generate's decode kernels, one per layer (else the op-by-op step)",
+    PACKAGE / "models" / "fused_ops.cc": "the models' fused RMSNorm, rotary and softmax gradient (else op by op)",
 }
 # No -ffast-math: the kernels keep IEEE rounding and NaN/Inf semantics; no FMA contraction, so a
 # kernel rounds each operation the way the op-by-op code it replaces does. No -march=native either:

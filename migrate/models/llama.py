@@ -99,12 +99,20 @@ class RMSNorm(ModelCell):
         self.weight = build.const(prefix + ".weight", (hidden_size,), self.INIT)
         self.eps = eps
 
+    def use_precision(self, precision) -> None:
+        super().use_precision(precision)
+        # The fused kernel (`migrate.models.fused_ops.use_fused_ops`, the trainer's step) computes plain
+        # float32 only: a new policy drops it.
+        self.fused = None
+
     def _normalise(self, x):
         h = x.astype(F32)
         variance = mint.mean(h * h, -1, keepdim=True)
         return h * mint.rsqrt(variance + self.eps)
 
     def construct(self, x):
+        if self.fused is not None and x.dtype == F32:
+            return self.fused(x, self.weight, ms.Tensor([self.eps], F32))
         # HF order: normalise in fp32, cast back to the input dtype, then scale.
         return self._r(self._p(self.weight) * self._r(self._normalise(x).astype(x.dtype)))
 

@@ -87,5 +87,12 @@ def rotate_half(x):
 class RotateHalf(ModelCell):
     """HF's apply_rotary_pos_emb on one of q, k (b, heads, s, d): x·cos + rotate_half(x)·sin."""
 
+    def use_precision(self, precision: PrecisionPolicy) -> None:
+        super().use_precision(precision)
+        # The fused kernel (`migrate.models.fused_ops.use_fused_ops`) computes plain float32 only.
+        self.fused = None
+
     def construct(self, x, cos, sin):
+        if self.fused is not None and x.dtype == F32 and x.ndim == 4:
+            return self.fused(x, cos, sin)
         return self._r(self._r(x * cos) + self._r(rotate_half(x) * sin))
