@@ -12,7 +12,8 @@ would wrap `Linear.kernel` (its result plus the low-rank update x·Aᵀ·Bᵀ).
     LinearInOut.kernel      MatMulKernel()                    x·W (HF Conv1D; the bias is added by the owner)
     TiedHead.kernel         MatMulKernel(transpose_b=True)    h·Eᵀ
     attention.scores        MatMulKernel(transpose_b=True)    q·kᵀ
-    attention.softmax       SoftmaxKernel                     softmax over the last axis
+    attention.softmax       SoftmaxKernel                     softmax over the last axis (the trainer's:
+                                                              FusedSoftmaxKernel, its gradient one kernel)
     attention.mix           MatMulKernel()                    probs·v
     Embedding.lookup        LookupKernel                      table[ids]
 """
@@ -91,7 +92,6 @@ class FusedSoftmaxKernel(SoftmaxKernel):
 
     def bprop(self, x, out, dout):
         return (self.grad_op(out, dout),)
-
 
 
 class LookupKernel(Kernel):
