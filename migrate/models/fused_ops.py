@@ -12,8 +12,6 @@ MIGRATE_FUSED_OPS=off; the cells then compute op by op, the same figures within 
 graph whose output holds a None (a model called at top level: `logits, loss, None`) is run by
 MindSpore's any-type actor, which cannot call these ops' Python shape inference ("The prim is not a
 PrimitivePy"). diff, generate and the rest keep the op-by-op cells and their figures.
-Each call makes a new primitive: one shared by the cells of many compiled graphs lost its Python
-side when MindSpore freed one of those graphs ("The prim is not a PrimitivePy").
 """
 from __future__ import annotations
 
@@ -100,17 +98,17 @@ def use_fused_ops(model) -> int:
     """Put the fused ops into `model`'s plain float32 RMSNorm and rotary cells and its attention softmax
     kernels (exact types: a Gemma norm, a fault's or a sharded kernel computes something else). The
     number of cells switched; 0 where the ops cannot be had. Call before the model's graphs compile."""
-    norm_op, rotary_op_, grad_op = rms_norm_op(), rotary_op(), softmax_grad_op()
-    if norm_op is None or rotary_op_ is None or grad_op is None:
+    library = _library()
+    if library is None:
         return 0
     switched = 0
     for _, cell in list(model.cells_and_names()):
         if type(cell) is RMSNorm and _plain_float32(cell.precision):
-            cell.fused = rms_norm_op()
+            cell.fused = _rms_norm(library)
         elif type(cell) is RotateHalf and _plain_float32(cell.precision):
-            cell.fused = rotary_op()
+            cell.fused = _rotary(library)
         elif type(getattr(cell, "softmax", None)) is SoftmaxKernel:
-            cell.softmax = FusedSoftmaxKernel(softmax_grad_op())
+            cell.softmax = FusedSoftmaxKernel(_softmax_grad(library))
         else:
             continue
         switched += 1
